@@ -1,0 +1,155 @@
+"""Typed, frozen configuration for every preprocessing stage.
+
+Defaults reproduce the reference protocol (Hong et al. 2023, ``mie-lab/location-prediction``) exactly,
+quirks included; each quirk has a switch so the corrected protocol can be run too:
+
+* ``timezone``: the reference computes day boundaries, start minutes and weekdays in UTC wall-clock
+  time although GeoLife was recorded in Beijing (``"Asia/Shanghai"`` is the corrected choice).
+* ``locations.coordinate_order``: trackintel feeds ``[lon, lat]`` to sklearn's haversine metric, which
+  expects ``[lat, lon]``; ``"lat_lon"`` gives a true ``epsilon_m`` radius.
+
+Every model is ``frozen`` and ``extra="forbid"``: an unknown key or a wrong type is rejected before any
+work starts, and the error names the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StaypointConfig(_Frozen):
+    """Sliding-window staypoint detection (trackintel ``generate_staypoints(method="sliding")``)."""
+
+    dist_threshold_m: float = Field(200.0, gt=0, description="Leave radius in metres (haversine).")
+    time_threshold_min: float = Field(30.0, ge=0, description="Minimum staypoint duration in minutes.")
+    gap_threshold_min: float = Field(1440.0, gt=0, description="A larger gap between fixes resets the window.")
+    include_last: bool = Field(True, description="Turn the trailing window into a staypoint if long enough.")
+    exclude_duplicate_pfs: bool = Field(True, description="Drop exact duplicate positionfixes first.")
+    activity_time_threshold_min: float = Field(
+        25.0, ge=0, description="is_activity = duration > this (trackintel create_activity_flag)."
+    )
+
+
+class QualityConfig(_Frozen):
+    """User tracking-quality filter (reference ``calculate_user_quality``)."""
+
+    day_filter: int = Field(50, ge=0, description="Keep users whose tracked span is more than this many days.")
+    window_weeks: int = Field(10, ge=1, description="Sliding window length in weeks; shorter spans drop out.")
+    tripleg_gap_threshold_min: float = Field(15.0, gt=0, description="Temporal gap that splits triplegs.")
+
+
+class LocationConfig(_Frozen):
+    """Dataset-level DBSCAN location generation (trackintel ``generate_locations``)."""
+
+    epsilon_m: float = Field(20.0, gt=0, description="DBSCAN radius in metres (see coordinate_order).")
+    min_samples: int = Field(2, ge=1, description="DBSCAN min_samples; noise staypoints are dropped.")
+    coordinate_order: Literal["lon_lat", "lat_lon"] = Field(
+        "lon_lat", description="Order fed to sklearn haversine: 'lon_lat' is the reference quirk."
+    )
+    merge_max_gap_min: float = Field(1.0, ge=0, description="Merge consecutive same-location staypoints.")
+
+
+class SplitConfig(_Frozen):
+    """Per-user chronological split by day index."""
+
+    train: float = Field(0.6, gt=0, lt=1)
+    val: float = Field(0.2, ge=0, lt=1)
+    test: float = Field(0.2, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> SplitConfig:
+        total = self.train + self.val + self.test
+        if not math.isclose(total, 1.0, abs_tol=1e-9):
+            raise ValueError(f"split ratios train+val+test must sum to 1, got {total:g}")
+        return self
+
+
+class SampleConfig(_Frozen):
+    """History-window samples (reference ``get_valid_sequence`` / dataloader)."""
+
+    previous_days: int = Field(7, ge=1, description="History window in days; earlier targets are skipped.")
+    min_history: int = Field(3, ge=1, description="Minimum number of history records for a valid target.")
+    duration_cap_min: int = Field(2879, ge=1, description="Durations above this are capped (2*1440-1).")
+
+
+class PreprocessConfig(_Frozen):
+    """All preprocessing parameters; the defaults are the reference GeoLife protocol."""
+
+    timezone: str = Field("UTC", description="Wall-clock zone of time features; reference: UTC.")
+    staypoints: StaypointConfig = StaypointConfig()
+    quality: QualityConfig = QualityConfig()
+    locations: LocationConfig = LocationConfig()
+    split: SplitConfig = SplitConfig()
+    samples: SampleConfig = SampleConfig()
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as err:
+            raise ValueError(f"unknown timezone {value!r}") from err
+        return value
+
+    def fingerprint(self) -> str:
+        """Stable short hash of the full configuration."""
+        from nextloc.fingerprint import hash_text
+
+        return hash_text(json.dumps(self.model_dump(mode="json"), sort_keys=True))
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> PreprocessConfig:
+    """Load a YAML file (its ``preprocess`` section) and apply dotted overrides.
+
+    Args:
+        path: YAML file; ``None`` uses the defaults.
+        overrides: ``{"locations.epsilon_m": 50}``-style keys; unknown keys raise.
+
+    Returns:
+        The validated configuration.
+
+    Raises:
+        pydantic.ValidationError: on unknown keys, wrong types or impossible values (it names the key).
+
+    Examples:
+        >>> load_config(overrides={"locations.epsilon_m": 50}).locations.epsilon_m
+        50.0
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        data = raw.get("preprocess", raw)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return PreprocessConfig.model_validate(data)
+
+
+def flatten(config: BaseModel, prefix: str = "") -> dict[str, Any]:
+    """Flatten a nested config into ``{"locations.epsilon_m": 20.0, ...}``."""
+    flat: dict[str, Any] = {}
+    for key, value in config.model_dump(mode="json").items():
+        _flatten_into(flat, f"{prefix}{key}", value)
+    return flat
+
+
+def _flatten_into(flat: dict[str, Any], key: str, value: Any) -> None:
+    if isinstance(value, dict):
+        for sub, sub_value in value.items():
+            _flatten_into(flat, f"{key}.{sub}", sub_value)
+    else:
+        flat[key] = value

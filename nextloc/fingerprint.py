@@ -1,0 +1,37 @@
+"""Content fingerprints for cache keys and dataset lineage."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+def hash_text(text: str) -> str:
+    """Short blake2b hex digest of a string."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def hash_file(path: Path) -> str:
+    """Blake2b digest of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def hash_files(paths: Iterable[Path], root: Path | None = None) -> str:
+    """Fingerprint of several files: their names (relative to ``root``) and their contents, in order."""
+    digest = hashlib.blake2b(digest_size=16)
+    for path in paths:
+        name = str(path.relative_to(root)) if root is not None else path.name
+        digest.update(name.encode() + b"\0" + hash_file(path).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def combine(*parts: str) -> str:
+    """Combine several fingerprints (order matters)."""
+    return hash_text("\n".join(parts))

@@ -1,0 +1,284 @@
+"""Staypoints from positionfixes: a compiled, exact equivalent of trackintel's sliding method.
+
+``generate_staypoints`` reproduces ``trackintel.preprocessing.generate_staypoints(method="sliding",
+distance_metric="haversine", exclude_duplicate_pfs=True)`` row for row: the same duplicate removal, the same
+stable time ordering, the same float haversine, the same anchor/gap/threshold logic, ``finished_at`` = the
+first fix outside, and the same geometry (circular mean of the longitudes and arithmetic mean of the
+latitudes of the *unique* fixes, summed in the same order). ``tests/nextloc/test_staypoints.py`` checks
+that equality against trackintel itself on real GeoLife users.
+
+The per-fix loop is sequential by nature (each anchor depends on the previous decision), so it is written
+as a numba kernel: about 100x faster than trackintel's Python loop.
+
+It also computes, per user, the time extent of trackintel's ``between_staypoints`` triplegs (the
+positionfixes outside staypoints, split at temporal gaps, at least two distinct points), which is all the
+reference user-quality filter needs from triplegs and trips (see :mod:`nextloc.quality`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import pandas as pd
+
+from nextloc.config import StaypointConfig
+
+logger = logging.getLogger(__name__)
+
+EARTH_RADIUS_M = 6_371_000.0
+_NS_PER_MIN = 60_000_000_000
+
+STAYPOINT_COLUMNS = ["user_id", "started_at", "finished_at", "latitude", "longitude", "elevation", "n_pfs"]
+
+
+@dataclass(frozen=True)
+class UserStaypoints:
+    """Staypoints of one user plus what the quality filter needs to know about the user's triplegs."""
+
+    user_id: int
+    staypoints: pd.DataFrame
+    tripleg_start: pd.Timestamp | None
+    tripleg_end: pd.Timestamp | None
+    n_pfs: int
+    n_duplicates: int
+
+
+def generate_staypoints(
+    positionfixes: pd.DataFrame,
+    config: StaypointConfig | None = None,
+    *,
+    tripleg_gap_threshold_min: float = 15.0,
+) -> UserStaypoints:
+    """Detect staypoints of a single user with the sliding-window method.
+
+    Args:
+        positionfixes: one user's fixes with ``user_id``, ``tracked_at`` (tz-aware UTC), ``latitude``,
+            ``longitude`` and ``elevation``, in read order (ties in ``tracked_at`` keep this order).
+        config: thresholds; defaults are the reference's (200 m, 30 min, 24 h gap, include_last).
+        tripleg_gap_threshold_min: temporal gap that splits triplegs (trackintel default 15 min).
+
+    Returns:
+        The staypoints (``started_at``, ``finished_at``, centroid ``latitude``/``longitude``, median
+        ``elevation``, number of fixes) and the extent of the user's triplegs.
+
+    Examples:
+        >>> result = generate_staypoints(pfs_of_user_42)  # doctest: +SKIP
+        >>> result.staypoints[["started_at", "finished_at"]]  # doctest: +SKIP
+    """
+    cfg = config or StaypointConfig()
+    _validate(positionfixes)
+    user_ids = positionfixes["user_id"].unique()
+    if len(user_ids) > 1:
+        raise ValueError(f"generate_staypoints works per user; got users {sorted(user_ids)[:5]}...")
+    user_id = int(user_ids[0]) if len(user_ids) else -1
+
+    t = to_ns(positionfixes["tracked_at"])
+    lat = positionfixes["latitude"].to_numpy(np.float64)
+    lon = positionfixes["longitude"].to_numpy(np.float64)
+    elev = positionfixes["elevation"].to_numpy(np.float64)
+
+    # trackintel: drop_duplicates() (keep first), then a stable sort by time.
+    order = np.argsort(t, kind="stable")
+    t, lat, lon, elev = t[order], lat[order], lon[order], elev[order]
+    n_total = len(t)
+    if cfg.exclude_duplicate_pfs:
+        keep = _first_occurrences(t, lat, lon, elev)
+        t, lat, lon, elev = t[keep], lat[keep], lon[keep], elev[keep]
+    n_dup = n_total - len(t)
+
+    starts, geom_ends, finishes = _sliding(
+        t,
+        lon,
+        lat,
+        float(cfg.dist_threshold_m),
+        int(round(cfg.time_threshold_min * _NS_PER_MIN)),
+        int(round(cfg.gap_threshold_min * _NS_PER_MIN)),
+        bool(cfg.include_last),
+    )
+    sp_lat, sp_lon = _centroids(lon, lat, starts, geom_ends)
+    sp_elev = np.array([np.median(elev[s:e]) for s, e in zip(starts, geom_ends, strict=True)], dtype=np.float64)
+
+    staypoints = pd.DataFrame(
+        {
+            "user_id": np.full(len(starts), user_id, dtype=np.int32),
+            "started_at": pd.to_datetime(t[starts], utc=True),
+            "finished_at": pd.to_datetime(t[finishes], utc=True),
+            "latitude": sp_lat,
+            "longitude": sp_lon,
+            "elevation": sp_elev,
+            "n_pfs": (geom_ends - starts).astype(np.int32),
+        }
+    )
+    in_sp = np.zeros(len(t), dtype=np.bool_)
+    for s, e in zip(starts, geom_ends, strict=True):
+        in_sp[s:e] = True
+    tpl_lo, tpl_hi = _tripleg_extent(t, lon, lat, in_sp, int(round(tripleg_gap_threshold_min * _NS_PER_MIN)))
+    return UserStaypoints(
+        user_id=user_id,
+        staypoints=staypoints,
+        tripleg_start=pd.Timestamp(tpl_lo, tz="UTC") if tpl_lo >= 0 else None,
+        tripleg_end=pd.Timestamp(tpl_hi, tz="UTC") if tpl_lo >= 0 else None,
+        n_pfs=len(t),
+        n_duplicates=n_dup,
+    )
+
+
+def create_activity_flag(staypoints: pd.DataFrame, time_threshold_min: float = 25.0) -> pd.DataFrame:
+    """Return a copy with ``is_activity`` = duration strictly above ``time_threshold_min`` minutes.
+
+    Examples:
+        >>> sp = create_activity_flag(sp, time_threshold_min=25)  # doctest: +SKIP
+    """
+    sp = staypoints.copy()
+    sp["is_activity"] = (sp["finished_at"] - sp["started_at"]) > pd.Timedelta(minutes=time_threshold_min)
+    return sp
+
+
+def to_ns(times: pd.Series) -> np.ndarray:
+    """Nanoseconds since the epoch (UTC) of a tz-aware datetime column."""
+    return times.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy("datetime64[ns]").view(np.int64)
+
+
+def _validate(positionfixes: pd.DataFrame) -> None:
+    required = ["user_id", "tracked_at", "latitude", "longitude", "elevation"]
+    missing = [c for c in required if c not in positionfixes.columns]
+    if missing:
+        raise ValueError(f"positionfixes lack required columns {missing}")
+    tz = getattr(positionfixes["tracked_at"].dtype, "tz", None)
+    if tz is None:
+        raise ValueError("positionfixes 'tracked_at' must be timezone-aware (UTC)")
+
+
+def _first_occurrences(t: np.ndarray, lat: np.ndarray, lon: np.ndarray, elev: np.ndarray) -> np.ndarray:
+    """Mask keeping the first of each exact duplicate; input is stably sorted by time."""
+    return _first_occurrences_kernel(t, lat, lon, elev)
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_occurrences_kernel(t, lat, lon, elev):  # pragma: no cover - compiled
+    n = len(t)
+    keep = np.ones(n, dtype=np.bool_)
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and t[j] == t[i]:
+            j += 1
+        # [i, j) share a timestamp: keep the first occurrence of each distinct row (runs are tiny)
+        for a in range(i + 1, j):
+            for b in range(i, a):
+                if keep[b] and _same(lat[a], lat[b]) and _same(lon[a], lon[b]) and _same(elev[a], elev[b]):
+                    keep[a] = False
+                    break
+        i = j
+    return keep
+
+
+@numba.njit(cache=True, inline="always")
+def _same(a, b):  # pragma: no cover - compiled
+    return a == b or (np.isnan(a) and np.isnan(b))
+
+
+@numba.njit(cache=True, nogil=True)
+def _haversine(lon_1, lat_1, lon_2, lat_2):  # pragma: no cover - compiled
+    # Same operations, in the same order, as trackintel.geogr.point_haversine_dist(float_flag=True).
+    d2r = np.pi / 180.0
+    lon_1 = lon_1 * d2r
+    lat_1 = lat_1 * d2r
+    lon_2 = lon_2 * d2r
+    lat_2 = lat_2 * d2r
+    cos_lat2 = np.cos(lat_2)
+    cos_lat1 = np.cos(lat_1)
+    cos_lat_d = np.cos(lat_1 - lat_2)
+    cos_lon_d = np.cos(lon_1 - lon_2)
+    return EARTH_RADIUS_M * np.arccos(cos_lat_d - cos_lat1 * cos_lat2 * (1 - cos_lon_d))
+
+
+@numba.njit(cache=True, nogil=True)
+def _sliding(t, lon, lat, dist_threshold, time_threshold, gap_threshold, include_last):  # pragma: no cover
+    """Indices (start, geometry end exclusive, finish) of each staypoint; trackintel's loop, compiled."""
+    n = len(t)
+    starts = np.empty(n, dtype=np.int64)
+    geom_ends = np.empty(n, dtype=np.int64)
+    finishes = np.empty(n, dtype=np.int64)
+    k = 0
+    start = 0
+    curr = 0
+    for curr in range(1, n):
+        if t[curr] - t[curr - 1] > gap_threshold:
+            start = curr
+            continue
+        if _haversine(lon[start], lat[start], lon[curr], lat[curr]) >= dist_threshold:
+            if t[curr] - t[start] >= time_threshold:
+                starts[k] = start
+                geom_ends[k] = curr
+                finishes[k] = curr
+                k += 1
+            start = curr
+    if include_last and n > 0 and t[curr] - t[start] >= time_threshold:
+        starts[k] = start
+        geom_ends[k] = n
+        finishes[k] = curr
+        k += 1
+    return starts[:k], geom_ends[:k], finishes[:k]
+
+
+def _centroids(
+    lon: np.ndarray, lat: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """trackintel's ``angle_centroid_multipoints(union_all(points))`` for every staypoint at once.
+
+    ``union_all`` keeps unique points in (x, y) lexicographic order; ``np.bincount`` then sums them in
+    that order. Doing exactly the same here gives bit-identical centroids.
+    """
+    if len(starts) == 0:
+        return np.empty(0), np.empty(0)
+    lengths = ends - starts
+    sp_index = np.repeat(np.arange(len(starts)), lengths)
+    point_index = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths) + np.repeat(starts, lengths)
+    x, y = lon[point_index], lat[point_index]
+    order = np.lexsort((y, x, sp_index))
+    sp_index, x, y = sp_index[order], x[order], y[order]
+    unique = np.ones(len(x), dtype=bool)
+    unique[1:] = (sp_index[1:] != sp_index[:-1]) | (x[1:] != x[:-1]) | (y[1:] != y[:-1])
+    sp_index, x, y = sp_index[unique], x[unique], y[unique]
+    count = np.bincount(sp_index)
+    mean_y = np.bincount(sp_index, weights=y) / count
+    x_rad = np.deg2rad(x)
+    x_sin = np.bincount(sp_index, weights=np.sin(x_rad)) / count
+    x_cos = np.bincount(sp_index, weights=np.cos(x_rad)) / count
+    mean_x = np.rad2deg(np.arctan2(x_sin, x_cos))
+    return mean_y, mean_x
+
+
+@numba.njit(cache=True, nogil=True)
+def _tripleg_extent(t, lon, lat, in_sp, gap_threshold):  # pragma: no cover - compiled
+    """(first start, last end) in ns of the user's valid ``between_staypoints`` triplegs, or (-1, -1).
+
+    A tripleg is a run of fixes outside staypoints, broken at gaps > ``gap_threshold``; trackintel keeps
+    it only if it has >= 2 fixes and a valid LineString, i.e. at least two distinct points.
+    """
+    n = len(t)
+    first = -1
+    last = -1
+    i = 0
+    while i < n:
+        if in_sp[i]:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and not in_sp[j] and t[j] - t[j - 1] <= gap_threshold:
+            j += 1
+        distinct = False
+        for m in range(i + 1, j):
+            if lon[m] != lon[i] or lat[m] != lat[i]:
+                distinct = True
+                break
+        if j - i >= 2 and distinct:
+            if first < 0:
+                first = t[i]
+            last = t[j - 1]
+        i = j
+    return first, last
