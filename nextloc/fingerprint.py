@@ -35,3 +35,27 @@ def hash_files(paths: Iterable[Path], root: Path | None = None) -> str:
 def combine(*parts: str) -> str:
     """Combine several fingerprints (order matters)."""
     return hash_text("\n".join(parts))
+
+
+def hash_files_memo(paths: Iterable[Path], memo: dict[str, list], root: Path | None = None) -> str:
+    """Like :func:`hash_files`, but reuses a file's hash while its size and mtime are unchanged.
+
+    Args:
+        paths: files in a fixed order.
+        memo: ``{path: [size, mtime_ns, hash]}``; updated in place (persist it between runs).
+        root: names are taken relative to this folder.
+
+    Returns:
+        The combined fingerprint.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for path in paths:
+        st = path.stat()
+        key = str(path)
+        entry = memo.get(key)
+        if entry is None or entry[0] != st.st_size or entry[1] != st.st_mtime_ns:
+            entry = [st.st_size, st.st_mtime_ns, hash_file(path)]
+            memo[key] = entry
+        name = str(path.relative_to(root)) if root is not None else path.name
+        digest.update(name.encode() + b"\0" + entry[2].encode() + b"\n")
+    return digest.hexdigest()

@@ -1,0 +1,46 @@
+# nextloc: two commands on a fresh machine: `make run` (the main job) and `make test` (the test suite).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export DO_NOT_TRACK := true
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_DISABLE_TELEMETRY := true
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+
+.PHONY: install run test test-fast lint format bench clean
+
+install: $(STAMP)  ## create .venv and install nextloc with its pinned stack (CPU torch)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first, pinned: pip takes the local +cpu wheel; a looser spec downloads a multi-GB CUDA build
+	$(BIN)/python -m pip install -q -c constraints.txt torch
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,dask]'
+	$(BIN)/python -m pip check
+	touch $(STAMP)
+
+run: install  ## preprocess GeoLife (found via $$NEXTLOC_GEOLIFE_DIR, data/raw/geolife, a local archive, or downloaded)
+	$(BIN)/nextloc run
+
+test: install  ## the whole test suite (full-data tests run when ../shared has the GeoLife archive)
+	$(BIN)/python -m pytest
+
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install  ## cold and cached preprocessing on the full data, JSON on stdout
+	$(BIN)/python benchmarks/preprocess.py
+
+clean:
+	rm -rf .prefect data/geolife .pytest_cache .ruff_cache

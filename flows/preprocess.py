@@ -1,0 +1,114 @@
+"""The ``preprocess`` flow: raw GeoLife .plt -> positionfixes -> staypoints -> locations -> samples."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, unmapped
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from nextloc.config import PreprocessConfig
+from nextloc.fingerprint import combine
+from tasks.catalog import Catalog
+from tasks.preprocess import (
+    DatasetResult,
+    build_dataset_task,
+    discover_raw_users,
+    generate_staypoints_user,
+    ingest_user,
+    locate_staypoints_task,
+    write_ingest_report,
+)
+
+
+@flow(
+    name="preprocess",
+    flow_run_name="preprocess {data_dir}",
+    task_runner=ThreadPoolTaskRunner(max_workers=max(2, os.cpu_count() or 2)),
+    validate_parameters=True,
+)
+def preprocess(raw_dir: str, data_dir: str = "data/geolife", config: PreprocessConfig | None = None) -> dict[str, Any]:
+    """Turn a GeoLife ``Data/`` tree into staypoints, samples and metadata under ``data_dir``.
+
+    Every task is cached on its inputs' content fingerprints, its config and the library code: a rerun on
+    unchanged input is all cache hits, and a changed parameter recomputes only the tasks below it.
+    """
+    logger = get_run_logger()
+    config = config or PreprocessConfig()
+    catalog = Catalog(str(Path(data_dir).resolve()))
+    store = {"result_storage": catalog.cache}
+
+    # Extract: raw folders and their content fingerprints
+    users, discovery = discover_raw_users(raw_dir, catalog)
+
+    # Per user (mapped in parallel): positionfixes, then staypoints
+    ingested = _run_mapped(ingest_user.with_options(**store), "user", users, out_path=[str(catalog.positionfixes(u.user_id)) for u in users])
+    staypoints = _run_mapped(
+        generate_staypoints_user.with_options(**store),
+        "ingested",
+        ingested,
+        config=unmapped(config.staypoints),
+        tripleg_gap_threshold_min=unmapped(config.quality.tripleg_gap_threshold_min),
+        out_path=[str(catalog.user_staypoints(r.user_id)) for r in ingested],
+    )
+    ingest_summary = write_ingest_report(discovery, ingested, catalog)
+
+    # Dataset level: quality filter + DBSCAN, then samples
+    located, located_stats = _ensure(locate_staypoints_task.with_options(**store), staypoints, config, str(catalog.located))
+    input_fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
+    upstream = {
+        **located_stats,
+        "positionfixes": sum(r.n_rows for r in ingested),
+        "positionfixes_duplicates": sum(s.n_duplicates for s in staypoints),
+        "staypoints": sum(s.n_staypoints for s in staypoints),
+        "rows_skipped": ingest_summary["rows_skipped"],
+        "files_skipped": ingest_summary["files_skipped"],
+    }
+    dataset: DatasetResult = _ensure(build_dataset_task.with_options(**store), located, config, input_fingerprint, upstream, catalog)
+    logger.info(
+        "preprocess done: %d users, total_loc_num %d, samples %s -> %s",
+        dataset.stats["n_users"]["train"],
+        dataset.stats["total_loc_num"],
+        dataset.stats["n_samples"],
+        catalog.root,
+    )
+    return {"data_dir": str(catalog.root), "stats": dataset.stats, "ingest": ingest_summary}
+
+
+def _outputs_exist(result: Any) -> bool:
+    from tasks.caching import Artifact
+
+    if isinstance(result, Artifact):
+        return result.exists()
+    if isinstance(result, tuple | list):
+        return all(_outputs_exist(r) for r in result)
+    if isinstance(result, DatasetResult):
+        return all(a.exists() for a in result.artifacts())
+    for name in ("positionfixes", "staypoints"):
+        art = getattr(result, name, None)
+        if art is not None and not art.exists():
+            return False
+    return True
+
+
+def _ensure(task_fn: Any, *args: Any) -> Any:
+    """Run a task; if a cached result points at files that are gone, recompute it."""
+    result = task_fn(*args)
+    if not _outputs_exist(result):
+        result = task_fn.with_options(refresh_cache=True)(*args)
+    return result
+
+
+def _run_mapped(task_fn: Any, mapped_name: str, items: list, **kwargs: Any) -> list:
+    """Map a per-user task; recompute the cached results whose files are gone."""
+    futures = task_fn.map(**{mapped_name: items}, **kwargs)
+    results = futures.result()
+    stale = [i for i, r in enumerate(results) if not _outputs_exist(r)]
+    if stale:
+        per_item = {k: (v.value if isinstance(v, unmapped) else v) for k, v in kwargs.items()}
+        for i in stale:
+            call = {k: (v if isinstance(kwargs[k], unmapped) else v[i]) for k, v in per_item.items()}
+            results[i] = task_fn.with_options(refresh_cache=True)(**{mapped_name: items[i]}, **call)
+    return results

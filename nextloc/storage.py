@@ -1,0 +1,75 @@
+"""Atomic, deterministic writes: a reader never sees a half-written file.
+
+Every writer goes to a temporary file in the destination folder and then ``os.replace``s it into place,
+so a crash leaves either the old file or the new one. Parquet output is deterministic: the same table
+gives the same bytes (fixed compression, no timestamps in the metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from nextloc.fingerprint import hash_file
+
+PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3, "use_dictionary": True}
+
+
+@contextmanager
+def atomic_path(path: Path):
+    """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_parquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
+    """Write a table atomically; returns the content fingerprint of the written file."""
+    table = data if isinstance(data, pa.Table) else pa.Table.from_pandas(data, preserve_index=False)
+    # pandas metadata carries no timestamps, but drop it so the bytes depend on the data alone
+    table = table.replace_schema_metadata(None)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, **PARQUET_OPTIONS)
+    return hash_file(path)
+
+
+def write_json(data: Any, path: Path) -> str:
+    """Write JSON (sorted keys, indented) atomically; returns the file's fingerprint."""
+    return write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", path)
+
+
+def write_text(text: str, path: Path) -> str:
+    """Write text atomically; returns the file's fingerprint."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return hash_file(path)
+
+
+def write_with(writer: Callable[[Path], None], path: Path) -> str:
+    """Run ``writer(tmp_path)`` and move the result into place atomically."""
+    with atomic_path(path) as tmp:
+        writer(tmp)
+    return hash_file(path)
+
+
+def read_parquet(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """Read a parquet file into pandas (tz-aware timestamps stay tz-aware)."""
+    return pq.read_table(path, columns=columns).to_pandas()

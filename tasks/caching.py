@@ -1,0 +1,72 @@
+"""Cache keys for nextloc tasks: task source + library code + config + upstream content fingerprints.
+
+Prefect's ``INPUTS`` policy hashes raw inputs (pickles, paths as strings). Ours hashes what the result
+really depends on: configs as canonical JSON, upstream outputs by their content fingerprint, and the
+source of the whole ``nextloc`` library, so a bug fix in a pure function invalidates every cached result
+computed with the old code.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect.cache_policies import TASK_SOURCE, CachePolicy
+from pydantic import BaseModel
+
+import nextloc
+from nextloc.fingerprint import hash_text
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file a task wrote: where it is and what is in it (content fingerprint)."""
+
+    path: str
+    fingerprint: str
+
+    def exists(self) -> bool:
+        """True if the file is still there (a cached result is only reused if its files are)."""
+        return Path(self.path).exists()
+
+
+@functools.cache
+def library_fingerprint() -> str:
+    """Hash of every source file of the ``nextloc`` package."""
+    root = Path(nextloc.__file__).parent
+    parts = [f"{p.relative_to(root)}:{hash_text(p.read_text())}" for p in sorted(root.rglob("*.py"))]
+    return hash_text("\n".join(parts))
+
+
+def _stable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Artifact):
+        return {"artifact": value.path, "fingerprint": value.fingerprint}
+    if is_dataclass(value) and not isinstance(value, type):
+        return _stable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _stable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_stable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+@dataclass
+class ContentInputs(CachePolicy):
+    """Key = canonical JSON of the inputs (configs, fingerprints) + the library's code fingerprint."""
+
+    exclude: list[str] = field(default_factory=list)
+
+    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
+        payload = {k: _stable(v) for k, v in (inputs or {}).items() if k not in self.exclude}
+        payload["__nextloc__"] = library_fingerprint()
+        return hash_text(json.dumps(payload, sort_keys=True, default=str))
+
+
+CACHE_POLICY = TASK_SOURCE + ContentInputs()

@@ -1,0 +1,64 @@
+"""The data catalog: where each dataset lives under a data directory.
+
+Only ``tasks/`` and ``flows/`` know paths; the ``nextloc`` library works on tables. Layers are numbered
+as in ``configs/catalog.yaml`` (documentation of this layout); the user-facing outputs sit at the top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Paths of every dataset under ``data_dir``."""
+
+    data_dir: str
+
+    @property
+    def root(self) -> Path:
+        """The data directory."""
+        return Path(self.data_dir)
+
+    def positionfixes(self, user_id: int) -> Path:
+        """Positionfixes of one user (hive-style partition ``user_id=NNN``)."""
+        return self.root / "01_positionfixes" / f"user_id={user_id:03d}" / "part-0.parquet"
+
+    def user_staypoints(self, user_id: int) -> Path:
+        """Raw (unmerged, unfiltered) staypoints of one user."""
+        return self.root / "02_staypoints" / f"user_id={user_id:03d}" / "part-0.parquet"
+
+    @property
+    def located(self) -> Path:
+        """Activity staypoints of the quality-filtered users with their DBSCAN location."""
+        return self.root / "03_locations" / "staypoints_located.parquet"
+
+    @property
+    def staypoints(self) -> Path:
+        """Final merged staypoints of the kept users."""
+        return self.root / "staypoints.parquet"
+
+    def samples(self, split: str) -> Path:
+        """Samples of one split."""
+        return self.root / "samples" / f"{split}.parquet"
+
+    @property
+    def metadata(self) -> Path:
+        """Counts, vocabulary sizes, config and fingerprints."""
+        return self.root / "metadata.json"
+
+    @property
+    def ingest_report(self) -> Path:
+        """What ingestion skipped and why."""
+        return self.root / "ingest_report.json"
+
+    @property
+    def cache(self) -> Path:
+        """Persisted task results (the cache)."""
+        return self.root / "_cache" / "results"
+
+    @property
+    def raw_hash_memo(self) -> Path:
+        """Content hashes of raw files, keyed by path, size and mtime."""
+        return self.root / "_cache" / "raw-hashes.json"

@@ -1,0 +1,189 @@
+"""Thin Prefect tasks around the pure ``nextloc`` preprocessing functions.
+
+Each task reads its inputs from paths, calls one library function, writes its outputs atomically, and
+returns :class:`~tasks.caching.Artifact` records (path + content fingerprint). Parquet paths, never
+DataFrames, cross task boundaries, so results are small, cacheable and shippable to Dask workers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+from prefect import get_run_logger, task
+
+from nextloc.config import PreprocessConfig, StaypointConfig
+from nextloc.dataset import build_dataset, locate_staypoints
+from nextloc.fingerprint import combine, hash_files_memo
+from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
+from nextloc.sequences import SPLITS
+from nextloc.staypoints import STAYPOINT_COLUMNS, generate_staypoints
+from nextloc.storage import read_parquet, write_json, write_parquet
+from tasks.caching import CACHE_POLICY, Artifact
+from tasks.catalog import Catalog
+
+
+@dataclass(frozen=True)
+class RawUser:
+    """One user folder of the raw data and the fingerprint of its files."""
+
+    user_id: int
+    path: str
+    fingerprint: str
+    n_files: int
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """Positionfixes of one user and the ingest report."""
+
+    user_id: int
+    positionfixes: Artifact | None
+    n_rows: int
+    report: dict
+
+
+@dataclass(frozen=True)
+class StaypointsResult:
+    """Staypoints of one user and the extent of the user's triplegs (for the quality filter)."""
+
+    user_id: int
+    staypoints: Artifact | None
+    n_staypoints: int
+    tripleg_start: str | None
+    tripleg_end: str | None
+    n_pfs: int
+    n_duplicates: int
+
+
+@dataclass(frozen=True)
+class DatasetResult:
+    """Final outputs of preprocessing."""
+
+    staypoints: Artifact
+    samples: dict[str, Artifact]
+    metadata: Artifact
+    stats: dict = field(default_factory=dict)
+
+    def artifacts(self) -> list[Artifact]:
+        """Every file this result points to."""
+        return [self.staypoints, self.metadata, *self.samples.values()]
+
+
+@task(name="discover-raw-users")
+def discover_raw_users(raw_dir: str, catalog: Catalog) -> tuple[list[RawUser], dict]:
+    """List user folders and fingerprint their files (hashes are memoised by size and mtime)."""
+    logger = get_run_logger()
+    users, report = list_user_dirs(Path(raw_dir))
+    memo_path = catalog.raw_hash_memo
+    memo: dict[str, list] = json.loads(memo_path.read_text()) if memo_path.exists() else {}
+    found = []
+    for user_id, folder in users:
+        files = list_plt_files(folder)
+        fingerprint = hash_files_memo(files, memo, root=folder)
+        found.append(RawUser(user_id, str(folder), fingerprint, len(files)))
+    write_json(memo, memo_path)
+    logger.info("found %d user folders (%d .plt files) under %s", len(found), sum(u.n_files for u in found), raw_dir)
+    return found, report.to_dict()
+
+
+@task(name="ingest-user", task_run_name="ingest user {user.user_id:03d}", cache_policy=CACHE_POLICY, persist_result=True, retries=1)
+def ingest_user(user: RawUser, out_path: str) -> IngestResult:
+    """Read one user's .plt files into a positionfixes parquet file (one partition of the dataset)."""
+    logger = get_run_logger()
+    table, report = read_user(user.user_id, list_plt_files(Path(user.path)))
+    if report.rows_skipped or report.files_skipped:
+        logger.warning("user %03d: skipped %d rows, %d files: %s", user.user_id, report.rows_skipped, report.files_skipped, dict(report.counts))
+    if table.num_rows == 0:
+        return IngestResult(user.user_id, None, 0, report.to_dict())
+    fingerprint = write_parquet(table, Path(out_path))
+    return IngestResult(user.user_id, Artifact(out_path, fingerprint), table.num_rows, report.to_dict())
+
+
+@task(name="generate-staypoints-user", task_run_name="staypoints user {ingested.user_id:03d}", cache_policy=CACHE_POLICY, persist_result=True, retries=1)
+def generate_staypoints_user(
+    ingested: IngestResult, config: StaypointConfig, tripleg_gap_threshold_min: float, out_path: str
+) -> StaypointsResult:
+    """Sliding-window staypoints of one user, plus the extent of the user's triplegs."""
+    if ingested.positionfixes is None:
+        return StaypointsResult(ingested.user_id, None, 0, None, None, 0, 0)
+    pfs = read_parquet(Path(ingested.positionfixes.path))
+    result = generate_staypoints(pfs, config, tripleg_gap_threshold_min=tripleg_gap_threshold_min)
+    fingerprint = write_parquet(result.staypoints[STAYPOINT_COLUMNS], Path(out_path))
+    return StaypointsResult(
+        user_id=ingested.user_id,
+        staypoints=Artifact(out_path, fingerprint),
+        n_staypoints=len(result.staypoints),
+        tripleg_start=result.tripleg_start.isoformat() if result.tripleg_start is not None else None,
+        tripleg_end=result.tripleg_end.isoformat() if result.tripleg_end is not None else None,
+        n_pfs=result.n_pfs,
+        n_duplicates=result.n_duplicates,
+    )
+
+
+@task(name="locate-staypoints", cache_policy=CACHE_POLICY, persist_result=True)
+def locate_staypoints_task(users: list[StaypointsResult], config: PreprocessConfig, out_path: str) -> tuple[Artifact, dict]:
+    """Quality filter + dataset-level DBSCAN over every user's staypoints."""
+    logger = get_run_logger()
+    with_sp = [u for u in users if u.staypoints is not None and u.n_staypoints > 0]
+    sp = pd.concat(
+        [pq.read_table(u.staypoints.path).to_pandas() for u in sorted(with_sp, key=lambda u: u.user_id)],
+        ignore_index=True,
+    )
+    extents = pd.DataFrame(
+        {
+            "user_id": [u.user_id for u in users],
+            "tripleg_start": pd.to_datetime([u.tripleg_start for u in users], utc=True),
+            "tripleg_end": pd.to_datetime([u.tripleg_end for u in users], utc=True),
+        }
+    )
+    located = locate_staypoints(sp, extents, config)
+    fingerprint = write_parquet(located.staypoints, Path(out_path))
+    logger.info("located staypoints: %s", located.stats)
+    return Artifact(out_path, fingerprint), located.stats
+
+
+@task(name="build-dataset", cache_policy=CACHE_POLICY, persist_result=True)
+def build_dataset_task(
+    located: Artifact, config: PreprocessConfig, input_fingerprint: str, upstream_stats: dict, catalog: Catalog
+) -> DatasetResult:
+    """Merge, time features, split, targets, encodings and samples; writes the final outputs."""
+    logger = get_run_logger()
+    dataset = build_dataset(read_parquet(Path(located.path)), config)
+    sp_art = Artifact(str(catalog.staypoints), write_parquet(dataset.staypoints, catalog.staypoints))
+    samples = {
+        split: Artifact(str(catalog.samples(split)), write_parquet(dataset.samples[split], catalog.samples(split)))
+        for split in SPLITS
+    }
+    metadata = {
+        **dataset.stats,
+        "preprocessing": upstream_stats,
+        "config": config.model_dump(mode="json"),
+        "config_fingerprint": config.fingerprint(),
+        "input_fingerprint": input_fingerprint,
+        "dataset_fingerprint": combine(sp_art.fingerprint, *(samples[s].fingerprint for s in SPLITS)),
+        "files": {"staypoints": "staypoints.parquet", **{f"samples_{s}": f"samples/{s}.parquet" for s in SPLITS}},
+    }
+    meta_art = Artifact(str(catalog.metadata), write_json(metadata, catalog.metadata))
+    logger.info(
+        "dataset: %d users, total_loc_num %d, staypoints %s, samples %s",
+        dataset.stats["n_users"]["train"],
+        dataset.stats["total_loc_num"],
+        dataset.stats["n_staypoints"],
+        dataset.stats["n_samples"],
+    )
+    return DatasetResult(sp_art, samples, meta_art, dataset.stats)
+
+
+@task(name="write-ingest-report")
+def write_ingest_report(discovery: dict, ingested: list[IngestResult], catalog: Catalog) -> dict:
+    """Aggregate the per-user ingest reports into ``ingest_report.json`` and return the summary."""
+    total = IngestReport.from_dict(discovery)
+    for result in ingested:
+        total.merge(IngestReport.from_dict(result.report))
+    summary = total.to_dict()
+    write_json(summary, catalog.ingest_report)
+    return summary
