@@ -81,14 +81,14 @@ def _outputs_exist(result: Any) -> bool:
     from tasks.caching import Artifact
 
     if isinstance(result, Artifact):
-        return result.exists()
+        return result.is_current()
     if isinstance(result, tuple | list):
         return all(_outputs_exist(r) for r in result)
     if isinstance(result, DatasetResult):
-        return all(a.exists() for a in result.artifacts())
+        return all(a.is_current() for a in result.artifacts())
     for name in ("positionfixes", "staypoints"):
         art = getattr(result, name, None)
-        if art is not None and not art.exists():
+        if art is not None and not art.is_current():
             return False
     return True
 

@@ -35,8 +35,12 @@ _TYPES = {
     "date": pa.date32(),
     "time": pa.time32("s"),
 }
+# The fast path reads the time as text and decodes it itself: pyarrow's time32 parser also accepts
+# "HH:MM", which is what a row cut off inside its seconds looks like.
+_FAST_TYPES = {**_TYPES, "time": pa.string()}
 _USED = ["latitude", "longitude", "altitude_ft", "date", "time"]
-_ROW_RE = re.compile(rb"^\s*$")
+# A header line that is really a data row (the header is short): 5 fields, then a date.
+_DATA_ROW_RE = re.compile(rb"(?:[^,\n]*,){5}[ \t]*\d{4}-\d{2}-\d{2}[ \t]*,")
 MAX_ISSUES_KEPT = 200
 
 POSITIONFIXES_SCHEMA = pa.schema(
@@ -143,7 +147,7 @@ def list_user_dirs(data_dir: Path) -> tuple[list[tuple[int, Path]], IngestReport
     for entry in sorted(root.iterdir()):
         if not entry.is_dir():
             continue
-        if not entry.name.isdigit():
+        if not (entry.name.isascii() and entry.name.isdigit()):  # "²".isdigit() but int("²") fails
             report.add(IngestIssue(str(entry), None, "not_a_user_folder", "folder name is not a user number"))
             continue
         users.append((int(entry.name), entry))
@@ -175,10 +179,10 @@ def read_user(user_id: int, files: list[Path]) -> tuple[pa.Table, IngestReport]:
     report = IngestReport()
     bodies: list[tuple[Path, memoryview, int]] = []  # (file, body, first body line number)
     for path in files:
-        body = _read_body(path, report)
-        if body is None:
+        read = _read_body(path, report)
+        if read is None:
             continue
-        bodies.append((path, body, HEADER_LINES + 1))
+        bodies.append((path, *read))
     if not bodies:
         if not files:
             report.add(IngestIssue(f"user {user_id:03d}", None, "empty_user", "no .plt files"))
@@ -192,8 +196,14 @@ def read_user(user_id: int, files: list[Path]) -> tuple[pa.Table, IngestReport]:
     return _finish(table, user_id), report
 
 
-def _read_body(path: Path, report: IngestReport) -> memoryview | None:
-    """The data part of a .plt file (zero-copy), or None (reported) if it is not a GeoLife trajectory."""
+def _read_body(path: Path, report: IngestReport) -> tuple[memoryview, int] | None:
+    """The data part of a .plt file (zero-copy) and its first line number, or None (reported) if it is
+    not a GeoLife trajectory.
+
+    A GeoLife header whose later lines are missing (a data row appears among the first 6 lines) is
+    reported as ``short_header`` and the file is read from that data row on, so no row is silently
+    taken for a header line.
+    """
     try:
         raw = path.read_bytes()
     except OSError as err:
@@ -205,7 +215,19 @@ def _read_body(path: Path, report: IngestReport) -> memoryview | None:
         report.add(IngestIssue(str(path), None, "empty_file", "file is empty"))
         return None
     pos = 0
-    for _ in range(HEADER_LINES):
+    first_line = HEADER_LINES + 1
+    for line_no in range(1, HEADER_LINES + 1):
+        if line_no > 1 and _DATA_ROW_RE.match(raw, pos):
+            report.add(
+                IngestIssue(
+                    str(path),
+                    line_no,
+                    "short_header",
+                    f"header has {line_no - 1} lines, expected {HEADER_LINES}; line {line_no} is read as data",
+                )
+            )
+            first_line = line_no
+            break
         nl = raw.find(b"\n", pos)
         if nl < 0:
             pos = -1
@@ -220,13 +242,16 @@ def _read_body(path: Path, report: IngestReport) -> memoryview | None:
         return None
     if not raw.endswith(b"\n"):
         raw += b"\n"  # a file cut off mid-line: the partial row is judged by the parser
-    return memoryview(raw)[pos:]
+    return memoryview(raw)[pos:], first_line
 
 
 def _parse_fast(bodies: list[tuple[Path, memoryview, int]]) -> pa.Table | None:
     """Strict columnar parse of all bodies at once; None if anything at all looks wrong."""
     expected = sum(body.obj.count(b"\n", len(body.obj) - len(body)) for _, body, _ in bodies)
     bad_rows: list[int] = []
+    data = b"".join(body for _, body, _ in bodies)
+    if not data.isascii():  # the unused columns are never decoded by the CSV reader
+        return None
 
     def on_invalid(row: pcsv.InvalidRow) -> str:
         bad_rows.append(row.number or -1)
@@ -234,10 +259,14 @@ def _parse_fast(bodies: list[tuple[Path, memoryview, int]]) -> pa.Table | None:
 
     try:
         table = pcsv.read_csv(
-            pa.py_buffer(b"".join(body for _, body, _ in bodies)),
+            pa.py_buffer(data),
             read_options=pcsv.ReadOptions(column_names=_NAMES, block_size=1 << 24),
-            parse_options=pcsv.ParseOptions(invalid_row_handler=on_invalid, ignore_empty_lines=False),
-            convert_options=pcsv.ConvertOptions(column_types=_TYPES, include_columns=_USED, strings_can_be_null=False),
+            parse_options=pcsv.ParseOptions(
+                invalid_row_handler=on_invalid, ignore_empty_lines=False, quote_char=False
+            ),
+            convert_options=pcsv.ConvertOptions(
+                column_types=_FAST_TYPES, include_columns=_USED, strings_can_be_null=False
+            ),
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         return None
@@ -247,13 +276,42 @@ def _parse_fast(bodies: list[tuple[Path, memoryview, int]]) -> pa.Table | None:
         return None
     if not _in_range(table).all():
         return None
-    return table
+    seconds = _strict_seconds(table.column("time"))
+    if seconds is None:
+        return None
+    return table.set_column(table.schema.get_field_index("time"), "time", seconds)
+
+
+def _strict_seconds(times: pa.ChunkedArray) -> pa.Array | None:
+    """Decode exact ``HH:MM:SS`` strings to time32 seconds, vectorised; None if any value is not one."""
+    parts = []
+    for chunk in times.chunks:
+        n = len(chunk)
+        if n == 0:
+            continue
+        offsets = np.frombuffer(chunk.buffers()[1], np.int32, count=n + 1, offset=chunk.offset * 4)
+        if not (np.diff(offsets) == 8).all():
+            return None
+        text = np.frombuffer(chunk.buffers()[2], np.uint8, count=8 * n, offset=int(offsets[0])).reshape(n, 8)
+        if not (text[:, [2, 5]] == ord(":")).all():
+            return None
+        digits = text[:, [0, 1, 3, 4, 6, 7]] - np.uint8(ord("0"))  # non-digits wrap around to > 9
+        if not (digits <= 9).all():
+            return None
+        d = digits.astype(np.int32)
+        hours, minutes, secs = d[:, 0] * 10 + d[:, 1], d[:, 2] * 10 + d[:, 3], d[:, 4] * 10 + d[:, 5]
+        if not ((hours < 24) & (minutes < 60) & (secs < 60)).all():
+            return None
+        parts.append(hours * 3600 + minutes * 60 + secs)
+    secs_all = np.concatenate(parts) if parts else np.empty(0, np.int32)
+    return pa.array(secs_all, pa.int32()).cast(pa.time32("s"))
 
 
 def _in_range(table: pa.Table) -> np.ndarray:
     lat = table.column("latitude").to_numpy()
     lon = table.column("longitude").to_numpy()
-    return (np.abs(lat) <= 90.0) & (np.abs(lon) <= 180.0)
+    alt = table.column("altitude_ft").to_numpy()
+    return (np.abs(lat) <= 90.0) & (np.abs(lon) <= 180.0) & np.isfinite(alt)
 
 
 def _parse_slow(bodies: list[tuple[Path, memoryview, int]], report: IngestReport) -> pa.Table:
@@ -288,6 +346,8 @@ def _parse_row(raw_line: bytes, cols: dict[str, list]) -> tuple[str, str] | None
     if len(parts) != len(_NAMES):
         return "field_count", f"expected {len(_NAMES)} comma-separated fields, got {len(parts)}: {line[:80]!r}"
     try:
+        if "_" in parts[0] + parts[1] + parts[3]:  # float() takes "3_9.9"; a CSV number has no "_"
+            raise ValueError(parts[0])
         lat, lon, alt = float(parts[0]), float(parts[1]), float(parts[3])
     except ValueError:
         return "non_numeric", f"latitude/longitude/altitude not numeric: {line[:80]!r}"

@@ -23,14 +23,29 @@ from nextloc.fingerprint import hash_text
 
 @dataclass(frozen=True)
 class Artifact:
-    """A file a task wrote: where it is and what is in it (content fingerprint)."""
+    """A file a task wrote: where it is, what is in it (content fingerprint) and its stat when written."""
 
     path: str
     fingerprint: str
+    size: int = -1
+    mtime_ns: int = -1
 
-    def exists(self) -> bool:
-        """True if the file is still there (a cached result is only reused if its files are)."""
-        return Path(self.path).exists()
+    @classmethod
+    def record(cls, path: str | Path, fingerprint: str) -> Artifact:
+        """Describe a file that was just written."""
+        st = Path(path).stat()
+        return cls(str(path), fingerprint, st.st_size, st.st_mtime_ns)
+
+    def is_current(self) -> bool:
+        """True if the file is still the one that was written (a cached result is reused only then).
+
+        A file that was deleted, or overwritten by a run with another configuration, fails this check.
+        """
+        try:
+            st = Path(self.path).stat()
+        except FileNotFoundError:
+            return False
+        return st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
 
 
 @functools.cache

@@ -100,7 +100,7 @@ def ingest_user(user: RawUser, out_path: str) -> IngestResult:
     if table.num_rows == 0:
         return IngestResult(user.user_id, None, 0, report.to_dict())
     fingerprint = write_parquet(table, Path(out_path))
-    return IngestResult(user.user_id, Artifact(out_path, fingerprint), table.num_rows, report.to_dict())
+    return IngestResult(user.user_id, Artifact.record(out_path, fingerprint), table.num_rows, report.to_dict())
 
 
 @task(name="generate-staypoints-user", task_run_name="staypoints user {ingested.user_id:03d}", cache_policy=CACHE_POLICY, persist_result=True, retries=1)
@@ -115,7 +115,7 @@ def generate_staypoints_user(
     fingerprint = write_parquet(result.staypoints[STAYPOINT_COLUMNS], Path(out_path))
     return StaypointsResult(
         user_id=ingested.user_id,
-        staypoints=Artifact(out_path, fingerprint),
+        staypoints=Artifact.record(out_path, fingerprint),
         n_staypoints=len(result.staypoints),
         tripleg_start=result.tripleg_start.isoformat() if result.tripleg_start is not None else None,
         tripleg_end=result.tripleg_end.isoformat() if result.tripleg_end is not None else None,
@@ -143,7 +143,7 @@ def locate_staypoints_task(users: list[StaypointsResult], config: PreprocessConf
     located = locate_staypoints(sp, extents, config)
     fingerprint = write_parquet(located.staypoints, Path(out_path))
     logger.info("located staypoints: %s", located.stats)
-    return Artifact(out_path, fingerprint), located.stats
+    return Artifact.record(out_path, fingerprint), located.stats
 
 
 @task(name="build-dataset", cache_policy=CACHE_POLICY, persist_result=True)
@@ -153,9 +153,9 @@ def build_dataset_task(
     """Merge, time features, split, targets, encodings and samples; writes the final outputs."""
     logger = get_run_logger()
     dataset = build_dataset(read_parquet(Path(located.path)), config)
-    sp_art = Artifact(str(catalog.staypoints), write_parquet(dataset.staypoints, catalog.staypoints))
+    sp_art = Artifact.record(catalog.staypoints, write_parquet(dataset.staypoints, catalog.staypoints))
     samples = {
-        split: Artifact(str(catalog.samples(split)), write_parquet(dataset.samples[split], catalog.samples(split)))
+        split: Artifact.record(catalog.samples(split), write_parquet(dataset.samples[split], catalog.samples(split)))
         for split in SPLITS
     }
     metadata = {
@@ -167,7 +167,7 @@ def build_dataset_task(
         "dataset_fingerprint": combine(sp_art.fingerprint, *(samples[s].fingerprint for s in SPLITS)),
         "files": {"staypoints": "staypoints.parquet", **{f"samples_{s}": f"samples/{s}.parquet" for s in SPLITS}},
     }
-    meta_art = Artifact(str(catalog.metadata), write_json(metadata, catalog.metadata))
+    meta_art = Artifact.record(catalog.metadata, write_json(metadata, catalog.metadata))
     logger.info(
         "dataset: %d users, total_loc_num %d, staypoints %s, samples %s",
         dataset.stats["n_users"]["train"],

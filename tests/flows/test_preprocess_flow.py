@@ -1,0 +1,129 @@
+"""The preprocess flow against a real (temporary) Prefect API, on the real GeoLife sample."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from nextloc.config import PreprocessConfig, load_config
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+FINAL = ["staypoints.parquet", "samples/train.parquet", "samples/val.parquet", "samples/test.parquet", "metadata.json"]
+
+
+def _run(sample_dir: Path, data_dir: Path, config: PreprocessConfig | None = None):
+    from flows.preprocess import preprocess
+
+    return preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir), config=config, return_state=True)
+
+
+def _task_states(state) -> dict[str, str]:
+    """Task-run name -> final state name, read back from the Prefect API for the flow run of ``state``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+            )
+            return {r.name: r.state.name for r in runs}
+
+    return asyncio.run(read())
+
+
+def _mtimes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*.parquet")}
+
+
+@pytest.fixture(scope="module")
+def first_run(sample_dir, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("flow") / "out"
+    state = _run(sample_dir, data_dir)
+    assert state.is_completed()
+    return data_dir, state.result()
+
+
+class TestPreprocessFlow:
+    def test_outputs(self, first_run):
+        """The documented outputs exist with the documented columns and metadata keys."""
+        data_dir, result = first_run
+        for name in FINAL:
+            assert (data_dir / name).is_file(), name
+        sp = pq.read_table(data_dir / "staypoints.parquet").to_pandas()
+        for col in ["user_id", "location_id", "start_day", "end_day", "start_min", "end_min", "duration", "weekday", "split"]:
+            assert col in sp.columns
+        assert set(sp["split"]) == {"train", "val", "test"}
+        assert sp["location_id"].min() >= 1
+        meta = json.loads((data_dir / "metadata.json").read_text())
+        for key in ["n_users", "total_loc_num", "total_user_num", "n_staypoints", "n_samples"]:
+            assert key in meta
+        for key in ["n_users", "n_staypoints", "n_samples"]:
+            assert set(meta[key]) == {"train", "val", "test"}
+        assert meta["n_staypoints"] == sp["split"].value_counts().to_dict()
+        assert meta["input_fingerprint"] and meta["config"]["locations"]["epsilon_m"] == 20.0
+        samples = pq.read_table(data_dir / "samples" / "train.parquet")
+        assert samples.num_rows == meta["n_samples"]["train"] == result["stats"]["n_samples"]["train"]
+        # the user-partitioned positionfixes
+        parts = sorted((data_dir / "01_positionfixes").glob("user_id=*/part-0.parquet"))
+        assert len(parts) == 11
+        pfs = pq.read_table(parts[0]).schema
+        assert str(pfs.field("tracked_at").type) == "timestamp[ns, tz=UTC]"
+
+    def test_rerun_is_fully_cached(self, first_run, sample_dir):
+        """A second run on unchanged input recomputes nothing and rewrites no file."""
+        data_dir, result = first_run
+        before = _mtimes(data_dir)
+        state = _run(sample_dir, data_dir)
+        states = _task_states(state)
+        cached = {n for n, s in states.items() if s == "Cached"}
+        computed = {n for n, s in states.items() if s == "Completed"}
+        assert {n for n in computed if not n.startswith(("discover-raw-users", "write-ingest-report"))} == set()
+        assert len([n for n in cached if n.startswith("ingest user")]) == 11
+        assert len([n for n in cached if n.startswith("staypoints user")]) == 11
+        assert any(n.startswith("build-dataset") for n in cached)
+        assert _mtimes(data_dir) == before
+        assert state.result()["stats"] == result["stats"]
+
+    def test_changed_parameter_recomputes_downstream_only(self, first_run, sample_dir):
+        """Changing a DBSCAN parameter reuses ingestion and staypoints, recomputes locations and samples."""
+        data_dir, _ = first_run
+        before = _mtimes(data_dir)
+        config = load_config(overrides={"locations.epsilon_m": 50})
+        state = _run(sample_dir, data_dir, config)
+        states = _task_states(state)
+        assert all(s == "Cached" for n, s in states.items() if n.startswith(("ingest user", "staypoints user")))
+        assert next(s for n, s in states.items() if n.startswith("locate-staypoints")) == "Completed"
+        after = _mtimes(data_dir)
+        upstream = [k for k in before if k.startswith(("01_", "02_"))]
+        assert all(after[k] == before[k] for k in upstream)
+        assert after["staypoints.parquet"] != before["staypoints.parquet"]
+        meta = json.loads((data_dir / "metadata.json").read_text())
+        assert meta["config"]["locations"]["epsilon_m"] == 50.0
+        # back to the defaults: everything is a cache hit again, and the outputs are the first run's
+        _run(sample_dir, data_dir)
+
+    def test_deleted_output_is_rebuilt(self, first_run, sample_dir):
+        """A cached result whose file was deleted is recomputed, not trusted."""
+        data_dir, _ = first_run
+        (data_dir / "staypoints.parquet").unlink()
+        victim = next((data_dir / "02_staypoints").glob("user_id=*/part-0.parquet"))
+        victim.unlink()
+        assert _run(sample_dir, data_dir).is_completed()
+        assert (data_dir / "staypoints.parquet").is_file()
+        assert victim.is_file()
+
+    def test_outputs_are_byte_identical_across_runs(self, first_run, sample_dir, tmp_path):
+        """Same input and config give byte-identical parquet outputs (fresh directory, fresh cache)."""
+        data_dir, _ = first_run
+        other = tmp_path / "again"
+        assert _run(sample_dir, other).is_completed()
+        for name in FINAL:
+            assert (other / name).read_bytes() == (data_dir / name).read_bytes(), name
+        for part in (data_dir / "01_positionfixes").rglob("*.parquet"):
+            assert (other / part.relative_to(data_dir)).read_bytes() == part.read_bytes()

@@ -1,0 +1,73 @@
+"""The full GeoLife 1.3 data gives exactly the reference dataset (reference-protocol.md, section 1).
+
+Runs in CI (``../shared`` is there); elsewhere it is skipped when the archive is missing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from nextloc.rawdata import extract_archive
+
+pytestmark = [pytest.mark.slow, pytest.mark.fulldata, pytest.mark.usefixtures("prefect_api")]
+
+REFERENCE = {
+    "n_users": {"train": 45, "val": 45, "test": 45},
+    "total_loc_num": 1187,
+    "total_user_num": 46,
+    "n_train_locations": 1185,
+    "n_staypoints": {"train": 8380, "val": 4018, "test": 4202},
+    "n_samples": {"train": 7424, "val": 3334, "test": 3502},
+    "max_hist_len": 54,
+}
+
+
+@pytest.fixture(scope="module")
+def full_run(full_archive, tmp_path_factory):
+    from flows.preprocess import preprocess
+
+    raw = extract_archive(full_archive, tmp_path_factory.mktemp("geolife") / "raw")
+    data_dir = tmp_path_factory.mktemp("geolife-out")
+    result = preprocess(raw_dir=str(raw), data_dir=str(data_dir))
+    return raw, data_dir, result
+
+
+def test_reproduces_reference_dataset(full_run):
+    """45 users, 1,185 train locations, staypoints 8,380/4,018/4,202, samples 7,424/3,334/3,502."""
+    _, data_dir, result = full_run
+    meta = json.loads((data_dir / "metadata.json").read_text())
+    for key, expected in REFERENCE.items():
+        assert meta[key] == expected, key
+        assert result["stats"][key] == expected, key
+    pre = meta["preprocessing"]
+    assert pre["users_quality"] == 92
+    assert pre["staypoints_located"] == 19581
+    assert pre["locations"] == 2049
+    assert meta["n_staypoints_merged"] == 19188
+    assert meta["n_users_merged"] == 91
+    # 24,722,141 points in this copy of the data; one has latitude 400 and is skipped, with file and line
+    assert pre["positionfixes"] + pre["rows_skipped"] == 24_722_141
+    report = json.loads((data_dir / "ingest_report.json").read_text())
+    assert report["counts"] == {"out_of_range": 1}
+    assert "020/Trajectory/20110911000506.plt:6782" in report["issues"][0]
+
+    sp = pq.read_table(data_dir / "staypoints.parquet").to_pandas()
+    assert len(sp) == 16_600
+    assert sp["user_id"].nunique() == 45
+    assert sp.loc[sp["split"] == "train", "location_id"].max() == 1186
+    for split in ("train", "val", "test"):
+        assert pq.read_metadata(data_dir / "samples" / f"{split}.parquet").num_rows == REFERENCE["n_samples"][split]
+
+
+def test_rerun_is_cached(full_run):
+    """Unchanged input: every task is a cache hit and the outputs are untouched."""
+    from flows.preprocess import preprocess
+
+    raw, data_dir, result = full_run
+    before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*.parquet")}
+    again = preprocess(raw_dir=str(raw), data_dir=str(data_dir))
+    assert again["stats"] == result["stats"]
+    assert {p: p.stat().st_mtime_ns for p in data_dir.rglob("*.parquet")} == before
