@@ -65,6 +65,8 @@ class IngestIssue:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        if not self.kind and not self.message:  # a plain message, e.g. from IngestReport.from_dict
+            return where
         return f"{where}: {self.kind}: {self.message}"
 
 
@@ -218,15 +220,7 @@ def _read_body(path: Path, report: IngestReport) -> tuple[memoryview, int] | Non
     first_line = HEADER_LINES + 1
     for line_no in range(1, HEADER_LINES + 1):
         if line_no > 1 and _DATA_ROW_RE.match(raw, pos):
-            report.add(
-                IngestIssue(
-                    str(path),
-                    line_no,
-                    "short_header",
-                    f"header has {line_no - 1} lines, expected {HEADER_LINES}; line {line_no} is read as data",
-                )
-            )
-            first_line = line_no
+            first_line = line_no  # a data row where a header line should be: the header is short
             break
         nl = raw.find(b"\n", pos)
         if nl < 0:
@@ -240,6 +234,15 @@ def _read_body(path: Path, report: IngestReport) -> tuple[memoryview, int] | Non
             IngestIssue(str(path), 1, "bad_header", f"not a GeoLife .plt header (first line {first!r})")
         )
         return None
+    if first_line <= HEADER_LINES:
+        report.add(
+            IngestIssue(
+                str(path),
+                first_line,
+                "short_header",
+                f"header has {first_line - 1} lines, expected {HEADER_LINES}; line {first_line} is read as data",
+            )
+        )
     if not raw.endswith(b"\n"):
         raw += b"\n"  # a file cut off mid-line: the partial row is judged by the parser
     return memoryview(raw)[pos:], first_line

@@ -1,0 +1,152 @@
+"""Samples on the training device: one padded tensor per feature, batches by index gather.
+
+The reference loads a pickled list of dicts, builds tensors per sample in ``__getitem__`` and pads every
+batch in a Python ``collate_fn``. Here each split's parquet file is read once into right-padded
+``(N, L_max)`` tensors that live on the device; a batch is ``tensor[idx, :batch_max_len]``.
+Batches can be bucketed by history length (``bucket=True``) so that little compute goes into padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+# Reference feature transforms (both reference repos): 15-minute slots, 30-minute duration bins.
+TIME_SLOT_MIN = 15
+DURATION_BIN_MIN = 30
+
+
+@dataclass
+class Batch:
+    """A batch, batch-first and right-padded with 0 (0 also means Monday / 00:00, as in the reference).
+
+    Shapes: ``loc``, ``time``, ``weekday``, ``duration``, ``diff``: ``(B, T)``; ``user``, ``lengths``,
+    ``target``, ``index``: ``(B,)``.
+    """
+
+    loc: torch.Tensor  # location ids (0 pad, 1 unseen, 2.. known)
+    time: torch.Tensor  # start_min // 15, 0..95
+    weekday: torch.Tensor  # 0..6
+    duration: torch.Tensor  # capped minutes // 30, 0..95
+    diff: torch.Tensor  # target day - history day, 0..7
+    user: torch.Tensor  # encoded user 1..U
+    lengths: torch.Tensor  # history length >= 1
+    target: torch.Tensor  # next location id
+    index: torch.Tensor  # row of the sample in its split (for per-user results)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """Move every tensor (``non_blocking`` overlaps the copy with compute when memory is pinned)."""
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+
+    @property
+    def padding_mask(self) -> torch.Tensor:
+        """``(B, T)`` True where padded."""
+        return self.loc == 0
+
+
+class SampleTensors:
+    """One split's samples as padded tensors plus the per-sample metadata used by the metrics.
+
+    Args:
+        table: a samples table written by preprocessing (``loc_hist`` ... ``target_loc``).
+        device: where the tensors live (the whole GeoLife split is a few MB).
+    """
+
+    def __init__(self, table: pa.Table, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        lengths = table.column("hist_len").to_numpy().astype(np.int64)
+        self.n = len(lengths)
+        self.max_len = int(lengths.max()) if self.n else 1
+        self.lengths_np = lengths
+        self.user_np = table.column("user").to_numpy().astype(np.int64)
+        self.user_id_np = table.column("user_id").to_numpy().astype(np.int64)
+        self.target_np = table.column("target_loc").to_numpy().astype(np.int64)
+        loc = _pad(table.column("loc_hist"), lengths, self.max_len)
+        self.history_np = loc
+        tensors = {
+            "loc": loc,
+            "time": _pad(table.column("start_min_hist"), lengths, self.max_len) // TIME_SLOT_MIN,
+            "weekday": _pad(table.column("weekday_hist"), lengths, self.max_len),
+            "duration": _pad(table.column("duration_hist"), lengths, self.max_len) // DURATION_BIN_MIN,
+            "diff": _pad(table.column("diff_hist"), lengths, self.max_len),
+        }
+        pin = self.device.type == "cuda"
+        self._t = {k: _to(v, self.device, pin) for k, v in tensors.items()}
+        self._t["user"] = _to(self.user_np, self.device, pin)
+        self._t["lengths"] = _to(lengths, self.device, pin)
+        self._t["target"] = _to(self.target_np, self.device, pin)
+
+    @classmethod
+    def from_parquet(cls, path: Path, device: torch.device | str = "cpu") -> SampleTensors:
+        """Read a ``samples/<split>.parquet`` file."""
+        return cls(pq.read_table(path), device)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def batch(self, index: torch.Tensor) -> Batch:
+        """Gather the samples at ``index`` (a 1-D long tensor on this device), trimmed to their max length."""
+        lengths = self._t["lengths"][index]
+        width = int(lengths.max()) if len(index) else 1
+        seq = {k: self._t[k][index, :width] for k in ("loc", "time", "weekday", "duration", "diff")}
+        return Batch(**seq, user=self._t["user"][index], lengths=lengths, target=self._t["target"][index], index=index)
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+        drop_last: bool = False,
+        bucket: bool = False,
+    ):
+        """Yield batches; ``bucket`` groups similar lengths (shuffled chunks of 50 batches sorted by length)."""
+        if shuffle:
+            order = torch.randperm(self.n, generator=generator)
+        else:
+            order = torch.arange(self.n)
+        if bucket and shuffle:
+            lengths = torch.from_numpy(self.lengths_np)
+            chunk = batch_size * 50
+            parts = []
+            for start in range(0, self.n, chunk):
+                part = order[start : start + chunk]
+                parts.append(part[torch.argsort(lengths[part], stable=True)])
+            order = torch.cat(parts)
+            groups = list(torch.split(order, batch_size))
+            if drop_last and groups and len(groups[-1]) < batch_size:
+                groups = groups[:-1]
+            perm = torch.randperm(len(groups), generator=generator)
+            groups = [groups[i] for i in perm]
+        else:
+            groups = list(torch.split(order, batch_size))
+            if drop_last and groups and len(groups[-1]) < batch_size:
+                groups = groups[:-1]
+        for idx in groups:
+            yield self.batch(idx.to(self.device))
+
+    def target_in_history(self) -> np.ndarray:
+        """Per sample: does the target location occur in its history (the ceiling for copy models)."""
+        return (self.history_np == self.target_np[:, None]).any(axis=1)
+
+
+def _pad(column: pa.ChunkedArray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """Right-pad a list column into an ``(N, width)`` int64 array (0 = padding)."""
+    values = column.combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    out = np.zeros((len(lengths), width), dtype=np.int64)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    cols = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[rows, cols] = values
+    return out
+
+
+def _to(array: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if pin:
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=pin)

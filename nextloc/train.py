@@ -1,0 +1,330 @@
+"""Engine-free training: the reference recipes for MHSA/LSTM and for the pointer-generator.
+
+``fit`` trains a model on device-resident samples and returns it with the best validation weights
+loaded (the original MHSA code tested the *last* weights; that bug is not reproduced). Tracking is
+injected: ``log_metrics(metrics, step)`` is called once per epoch, so the caller decides where metrics go.
+
+Recipes (reference-protocol.md section 2):
+
+* ``mhsa`` (MHSA, LSTM): Adam 1e-3, wd 1e-6, batch 32, drop_last, clip 1.0; linear warmup over 2 epochs
+  then linear decay to 0 at 50 epochs, stepped per batch until the first early stop; early stopping on
+  the mean validation loss with delta 1e-3 and patience 3; each trigger reloads the best weights and
+  multiplies the learning rate by 0.1; the third trigger ends training (at most 100 epochs).
+* ``pointer``: AdamW 6.5e-4, betas (0.9, 0.98), eps 1e-9, wd 0.015, batch 128, clip 0.8, label smoothing
+  0.03 on the log-probabilities; per-epoch LR: 5 warmup epochs then cosine to 1e-6 over 45 epochs;
+  early stopping on validation loss (strict improvement), patience 5, at least 8 epochs, at most 50.
+
+CUDA (when present): fp16 autocast with a gradient scaler, tensors already on the device, pinned host
+memory and non-blocking copies for anything that crosses; CPU otherwise (fp32).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nextloc.data import SampleTensors
+from nextloc.metrics import MetricAccumulator
+
+logger = logging.getLogger(__name__)
+
+LogMetrics = Callable[[dict[str, float], int], None]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation recipe; ``TrainConfig.for_recipe("pointer")`` gives the reference values."""
+
+    recipe: Literal["mhsa", "pointer"] = "mhsa"
+    batch_size: int = 32
+    eval_batch_size: int = 512
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 1e-6
+    label_smoothing: float = 0.0
+    clip_norm: float = 1.0
+    max_epochs: int = 100
+    warmup_epochs: int = 2
+    decay_epochs: int = 50
+    min_lr: float = 1e-6
+    patience: int = 3
+    min_epochs: int = 0
+    es_delta: float = 1e-3
+    lr_drops: int = 2
+    drop_last: bool = True
+    bucket: bool = True
+    amp: bool = True
+    seed: int = 0
+    deterministic: bool = True
+    num_threads: int | None = None
+
+    @classmethod
+    def for_recipe(cls, recipe: str, **overrides: Any) -> TrainConfig:
+        """The reference recipe (``mhsa``, ``lstm`` = ``mhsa``, or ``pointer``) with overrides."""
+        if recipe in ("mhsa", "lstm"):
+            base = cls(recipe="mhsa")
+        elif recipe == "pointer":
+            base = cls(
+                recipe="pointer",
+                batch_size=128,
+                lr=6.5e-4,
+                betas=(0.9, 0.98),
+                eps=1e-9,
+                weight_decay=0.015,
+                label_smoothing=0.03,
+                clip_norm=0.8,
+                max_epochs=50,
+                warmup_epochs=5,
+                decay_epochs=45,
+                patience=5,
+                min_epochs=8,
+                es_delta=0.0,
+                lr_drops=0,
+                drop_last=False,
+            )
+        else:
+            raise ValueError(f"unknown recipe {recipe!r}; expected one of ['mhsa', 'lstm', 'pointer']")
+        unknown = set(overrides) - set(asdict(base))
+        if unknown:
+            raise ValueError(f"unknown training option(s) {sorted(unknown)}")
+        if "betas" in overrides:
+            overrides["betas"] = tuple(overrides["betas"])
+        return replace(base, **overrides)
+
+
+@dataclass
+class FitResult:
+    """What training produced (the model holds the best weights)."""
+
+    model: nn.Module
+    best_epoch: int
+    best_val_loss: float
+    epochs: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    train_seconds: float = 0.0
+    seconds_to_best: float = 0.0
+    train_samples_per_s: float = 0.0
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` -> CUDA when present, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def seed_everything(seed: int, deterministic: bool = True) -> None:
+    """Seed Python, NumPy and torch; optionally force deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def fit(
+    model: nn.Module,
+    train: SampleTensors,
+    val: SampleTensors,
+    config: TrainConfig,
+    *,
+    log_prob_output: bool,
+    log_metrics: LogMetrics | None = None,
+    checkpoint_path: Path | None = None,
+) -> FitResult:
+    """Train ``model`` with ``config``'s recipe; return it with the best validation weights loaded.
+
+    Args:
+        model: a ``nextloc.models`` module (already on the device of ``train``).
+        train: training samples on the device.
+        val: validation samples on the same device.
+        config: the recipe.
+        log_prob_output: True if the model returns log-probabilities (pointer), False for logits.
+        log_metrics: called as ``log_metrics({"train_loss": ..., "val_loss": ..., "val_acc@1": ...}, epoch)``.
+        checkpoint_path: if given, the best weights are also written there (atomically) after each improvement.
+
+    Returns:
+        A :class:`FitResult`.
+    """
+    device = train.device
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    seed_everything(config.seed, config.deterministic)
+    gen = torch.Generator().manual_seed(config.seed)
+    use_amp = config.amp and device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    optimizer = _optimizer(model, config)
+    steps_per_epoch = _steps_per_epoch(len(train), config)
+    scheduler = _scheduler(optimizer, config, steps_per_epoch)
+
+    best_state = copy.deepcopy(model.state_dict())
+    best_loss, best_epoch, bad_epochs, drops = math.inf, 0, 0, 0
+    schedule_active = True
+    history: list[dict[str, float]] = []
+    start = time.perf_counter()
+    seconds_to_best = 0.0
+    n_trained = 0
+    epoch = 0
+    for epoch in range(1, config.max_epochs + 1):
+        if config.recipe == "pointer":
+            _set_lr(optimizer, _pointer_lr(epoch - 1, config))
+        model.train()
+        total, count = 0.0, 0
+        for batch in train.batches(config.batch_size, shuffle=True, generator=gen, drop_last=config.drop_last, bucket=config.bucket):
+            with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
+                out = model(batch)
+                loss = _loss(out, batch.target, log_prob_output, config.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            if scheduler is not None and schedule_active:
+                scheduler.step()
+            total += loss.detach() * len(batch.target)
+            count += len(batch.target)
+        n_trained += count
+        val_loss, val_metrics = evaluate_loss(model, val, config, log_prob_output)
+        train_loss = float(total / max(count, 1))
+        record = {"train_loss": train_loss, "val_loss": val_loss, "lr": optimizer.param_groups[0]["lr"], **{f"val_{k}": v for k, v in val_metrics.items() if k != "n"}}
+        history.append(record)
+        if log_metrics is not None:
+            log_metrics(record, epoch)
+        logger.info("epoch %d: train_loss %.4f val_loss %.4f val_acc@1 %.2f", epoch, train_loss, val_loss, val_metrics["acc@1"])
+
+        if val_loss < best_loss - config.es_delta or (config.es_delta == 0 and val_loss < best_loss):
+            best_loss, best_epoch, bad_epochs = val_loss, epoch, 0
+            best_state = copy.deepcopy(model.state_dict())
+            seconds_to_best = time.perf_counter() - start
+            if checkpoint_path is not None:
+                _save_checkpoint(checkpoint_path, best_state, epoch, best_loss, config)
+            continue
+        bad_epochs += 1
+        if bad_epochs < config.patience or epoch < config.min_epochs:
+            continue
+        if drops >= config.lr_drops:
+            break
+        # mhsa recipe: reload the best weights, lr x 0.1, the warmup/decay schedule stops for good
+        drops += 1
+        bad_epochs = 0
+        schedule_active = False
+        model.load_state_dict(best_state)
+        for group in optimizer.param_groups:
+            group["lr"] *= 0.1
+        logger.info("early stop %d: best epoch %d, lr -> %.2e", drops, best_epoch, optimizer.param_groups[0]["lr"])
+
+    model.load_state_dict(best_state)
+    elapsed = time.perf_counter() - start
+    return FitResult(
+        model=model,
+        best_epoch=best_epoch,
+        best_val_loss=best_loss,
+        epochs=epoch,
+        history=history,
+        train_seconds=elapsed,
+        seconds_to_best=seconds_to_best,
+        train_samples_per_s=n_trained / max(elapsed, 1e-9),
+    )
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: nn.Module, data: SampleTensors, config: TrainConfig, log_prob_output: bool
+) -> tuple[float, dict[str, float]]:
+    """Mean of batch-mean losses (the reference early-stopping criterion) and the metrics, one pass."""
+    model.eval()
+    acc = MetricAccumulator()
+    losses = []
+    use_amp = config.amp and data.device.type == "cuda"
+    for batch in data.batches(config.eval_batch_size):
+        with torch.autocast(data.device.type, dtype=torch.float16, enabled=use_amp):
+            out = model(batch)
+        out = out.float()
+        losses.append(_loss(out, batch.target, log_prob_output, config.label_smoothing))
+        acc.update(out, batch.target, batch.index)
+    return float(torch.stack(losses).mean()), acc.compute()
+
+
+@torch.no_grad()
+def predict_scores(model: nn.Module, data: SampleTensors, batch_size: int = 512) -> MetricAccumulator:
+    """Score every sample of a split with ``model`` and accumulate the metrics."""
+    model.eval()
+    acc = MetricAccumulator()
+    use_amp = data.device.type == "cuda"
+    for batch in data.batches(batch_size):
+        with torch.autocast(data.device.type, dtype=torch.float16, enabled=use_amp):
+            out = model(batch)
+        acc.update(out.float(), batch.target, batch.index)
+    return acc
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor, log_prob_output: bool, label_smoothing: float) -> torch.Tensor:
+    # The pointer returns log-probabilities; cross_entropy re-applies log_softmax, which is the identity
+    # on a normalised log-distribution, so this is the reference's NLL with label smoothing.
+    return F.cross_entropy(out.float(), target, ignore_index=0, label_smoothing=label_smoothing)
+
+
+def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.recipe == "pointer":
+        return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+    return torch.optim.Adam(params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+
+
+def _steps_per_epoch(n: int, config: TrainConfig) -> int:
+    return n // config.batch_size if config.drop_last else math.ceil(n / config.batch_size)
+
+
+def _scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, steps_per_epoch: int):
+    """mhsa: per-step linear warmup then linear decay to 0 (transformers' get_linear_schedule_with_warmup)."""
+    if config.recipe != "mhsa":
+        return None
+    warmup = config.warmup_epochs * steps_per_epoch
+    total = config.decay_epochs * steps_per_epoch
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _pointer_lr(epoch: int, config: TrainConfig) -> float:
+    """Per-epoch warmup then cosine (epoch counted from 0)."""
+    if epoch < config.warmup_epochs:
+        return config.lr * (epoch + 1) / config.warmup_epochs
+    progress = (epoch - config.warmup_epochs) / max(1, config.decay_epochs)
+    return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _save_checkpoint(path: Path, state: dict, epoch: int, val_loss: float, config: TrainConfig) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({"model": state, "epoch": epoch, "val_loss": val_loss, "config": asdict(config)}, tmp)
+    os.replace(tmp, path)

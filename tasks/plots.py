@@ -1,0 +1,49 @@
+"""PNG charts that people look at in the MLflow UI (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def plot_training_curves(history: list[dict[str, float]], path: Path, title: str) -> Path:
+    """Train/val loss and val Acc@1 per epoch."""
+    frame = pd.DataFrame(history)
+    epochs = range(1, len(frame) + 1)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, frame["train_loss"], label="train")
+    ax_loss.plot(epochs, frame["val_loss"], label="validation")
+    best = int(frame["val_loss"].idxmin()) + 1
+    ax_loss.axvline(best, color="grey", linestyle=":", label=f"best epoch {best}")
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+    ax_loss.legend()
+    for key, label in (("val_acc@1", "Acc@1"), ("val_acc@5", "Acc@5"), ("val_mrr", "MRR")):
+        if key in frame:
+            ax_acc.plot(epochs, frame[key], label=label)
+    ax_acc.set(xlabel="epoch", ylabel="%", title="validation")
+    ax_acc.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_per_user(per_user: pd.DataFrame, path: Path, title: str) -> Path:
+    """Acc@1 per user, sorted, bar width ~ number of test samples shown as labels."""
+    frame = per_user.sort_values("acc@1", ascending=False)
+    fig, ax = plt.subplots(figsize=(max(6, 0.25 * len(frame)), 4))
+    ax.bar(range(len(frame)), frame["acc@1"], color="tab:blue")
+    ax.set_xticks(range(len(frame)), [str(u) for u in frame["user_id"]], rotation=90, fontsize=7)
+    ax.set(xlabel="user", ylabel="Acc@1 (%)", title=title, ylim=(0, 100))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

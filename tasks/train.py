@@ -1,0 +1,215 @@
+"""Prefect task: train (or fit) one model for one seed, evaluate its best checkpoint, record it in MLflow."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import torch
+from prefect import get_run_logger, task
+
+from nextloc.baselines import LastLocationBaseline, MarkovBaseline, MostFrequentBaseline
+from nextloc.data import SampleTensors
+from nextloc.metrics import MetricAccumulator
+from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
+from nextloc.sequences import SPLITS
+from nextloc.serving import pack_histories
+from nextloc.storage import write_json
+from nextloc.train import TrainConfig, fit, predict_scores, resolve_device
+from tasks import tracking
+from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
+from tasks.plots import plot_per_user, plot_training_curves
+
+NEURAL = ("mhsa", "pointer", "lstm")
+BASELINES = {"markov": MarkovBaseline, "most_frequent": MostFrequentBaseline, "last_location": LastLocationBaseline}
+MODEL_KINDS = (*NEURAL, *BASELINES)
+RESULT_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
+
+
+@dataclass(frozen=True)
+class DataRef:
+    """The preprocessed dataset a model is trained on (paths + content fingerprints)."""
+
+    data_dir: str
+    samples: dict[str, Artifact]
+    metadata: Artifact
+
+    @property
+    def fingerprint(self) -> str:
+        """Content fingerprint of the samples and metadata."""
+        return "-".join([self.metadata.fingerprint, *(self.samples[s].fingerprint for s in SPLITS)])
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where runs go."""
+
+    tracking_uri: str | None = None
+    experiment: str = tracking.DEFAULT_EXPERIMENT
+
+
+def mlflow_name(key: str) -> str:
+    """MLflow metric names cannot hold '@': ``acc@1`` -> ``acc_at_1``."""
+    return key.replace("@", "_at_")
+
+
+@task(
+    name="train-model",
+    task_run_name="train {kind} seed {seed}",
+    cache_policy=TASK_SOURCE + ContentInputs(exclude=["parent_run_id"]),
+    persist_result=True,
+)
+def train_model_task(
+    kind: str,
+    seed: int,
+    data: DataRef,
+    model_overrides: dict[str, Any],
+    train_overrides: dict[str, Any],
+    tracking_cfg: TrackingConfig,
+    parent_run_id: str | None,
+    device: str = "auto",
+) -> dict[str, Any]:
+    """Train ``kind`` with ``seed``; evaluate the best checkpoint on val and test; log everything to MLflow.
+
+    Writes ``<data_dir>/results/<kind>/seed<seed>/results.json`` (test metrics in percent).
+    """
+    logger = get_run_logger()
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown model {kind!r}; expected one of {list(MODEL_KINDS)}")
+    dev = resolve_device(device)
+    meta = json.loads(Path(data.metadata.path).read_text())
+    splits = {s: SampleTensors.from_parquet(Path(data.samples[s].path), dev) for s in SPLITS}
+    vocab = {"total_loc_num": meta["total_loc_num"], "total_user_num": meta["total_user_num"]}
+    tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
+    tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    with mlflow.start_run(run_name=f"{kind}-seed{seed}", tags=tags) as run:
+        mlflow.log_input(_dataset(data), context="training")
+        started = time.perf_counter()
+        if kind in NEURAL:
+            result = _train_neural(kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev)
+        else:
+            result = _fit_baseline(kind, splits, vocab)
+        mlflow.log_params({"model": kind, "seed": seed, "device": str(dev), **result["params"]})
+        for step, record in enumerate(result["history"], start=1):
+            mlflow.log_metrics({mlflow_name(k): v for k, v in record.items()}, step=step)
+        summary = _summarise(result, splits)
+        mlflow.log_metrics({mlflow_name(k): v for k, v in summary["flat_metrics"].items()})
+        run_dir = Path(data.data_dir) / "results" / kind / f"seed{seed}"
+        results_json = {**{k: summary["test"][k] for k in RESULT_KEYS}, "n_test": summary["test"]["n"], "n_params": result["n_params"],
+                        "best_epoch": result["best_epoch"], "val": summary["val"], "target_in_history": summary["target_in_history"],
+                        "train_seconds": round(time.perf_counter() - started, 2), "mlflow_run_id": run.info.run_id}
+        write_json(results_json, run_dir / "results.json")
+        summary["per_user"].to_csv(run_dir / "per_user.csv", index=False)
+        _log_artifacts(run.info.run_id, run_dir, result, summary, kind, seed)
+        if kind in NEURAL:
+            example = pack_histories(_example_histories(splits["test"]))
+            model_uri, version = tracking.log_torch_model(result["model"], example, kind, OUTPUT_IS_LOG_PROB[kind], _requirements())
+            results_json.update({"model_uri": model_uri, "registered_version": version})
+            write_json(results_json, run_dir / "results.json")
+    logger.info("%s seed %d: test acc@1 %.2f mrr %.2f (best epoch %s)", kind, seed, summary["test"]["acc@1"], summary["test"]["mrr"], result["best_epoch"])
+    return {"kind": kind, "seed": seed, "run_id": run.info.run_id, "results": results_json}
+
+
+def _train_neural(kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev) -> dict[str, Any]:
+    overrides = dict(model_overrides)
+    if kind == "pointer":
+        overrides.setdefault("max_seq_len", int(meta["max_hist_len"]) + 10)
+    torch.manual_seed(seed)
+    model = build_model(kind, vocab["total_loc_num"], vocab["total_user_num"], **overrides).to(dev)
+    cfg = TrainConfig.for_recipe(kind, seed=seed, **train_overrides)
+    fitted = fit(model, splits["train"], splits["val"], cfg, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
+    model_cfg = getattr(model, "config", None)
+    params = {f"model.{k}": v for k, v in (asdict(model_cfg) if model_cfg is not None else {}).items()}
+    params.update({f"train.{k}": v for k, v in asdict(cfg).items()})
+    return {
+        "model": fitted.model,
+        "scorer": lambda batch: fitted.model(batch),
+        "history": fitted.history,
+        "best_epoch": fitted.best_epoch,
+        "params": params,
+        "n_params": count_parameters(fitted.model),
+        "timing": {"train_seconds": fitted.train_seconds, "seconds_to_best": fitted.seconds_to_best, "train_samples_per_s": fitted.train_samples_per_s},
+        "log_prob": OUTPUT_IS_LOG_PROB[kind],
+    }
+
+
+def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
+    baseline = BASELINES[kind](vocab["total_loc_num"]).fit(splits["train"])
+    return {"model": None, "scorer": baseline.scores, "history": [], "best_epoch": None, "params": {}, "n_params": 0, "timing": {}, "log_prob": False}
+
+
+def _summarise(result: dict[str, Any], splits: dict[str, SampleTensors]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for split in ("val", "test"):
+        if result["model"] is not None:
+            acc = predict_scores(result["model"], splits[split])
+        else:
+            acc = MetricAccumulator()
+            with torch.no_grad():
+                for batch in splits[split].batches(512):
+                    acc.update(result["scorer"](batch), batch.target, batch.index)
+        out[split] = acc.compute()
+        if split == "test":
+            out["per_user"] = acc.per_user(splits["test"].user_id_np)
+    out["target_in_history"] = float(100 * splits["test"].target_in_history().mean())
+    flat = {f"test_{k}": v for k, v in out["test"].items() if k != "n"}
+    flat.update({f"best_val_{k}": v for k, v in out["val"].items() if k != "n"})
+    flat["test_target_in_history"] = out["target_in_history"]
+    if result["best_epoch"] is not None:
+        flat["best_epoch"] = float(result["best_epoch"])
+        flat["best_val_loss"] = min(r["val_loss"] for r in result["history"])
+    flat.update({k: float(v) for k, v in result["timing"].items()})
+    flat["n_params"] = float(result["n_params"])
+    out["flat_metrics"] = flat
+    return out
+
+
+def _log_artifacts(run_id: str, run_dir: Path, result, summary, kind: str, seed: int) -> None:
+    if result["history"]:
+        plot_training_curves(result["history"], run_dir / "training_curves.png", title=f"{kind} seed {seed}")
+        tracking.log_file_artifact(run_id, run_dir / "training_curves.png")
+    plot_per_user(summary["per_user"], run_dir / "per_user_accuracy.png", title=f"{kind} seed {seed}: test Acc@1 per user")
+    tracking.log_file_artifact(run_id, run_dir / "per_user_accuracy.png")
+    tracking.log_file_artifact(run_id, run_dir / "results.json")
+    tracking.log_file_artifact(run_id, run_dir / "per_user.csv")
+
+
+def _dataset(data: DataRef):
+    """Dataset lineage for ``mlflow.log_input``: the samples folder and their content fingerprint."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    source = resolve_dataset_source(str(Path(data.samples["train"].path).parent.resolve()))
+    return MetaDataset(source=source, name="geolife-samples", digest=data.fingerprint[:32])
+
+
+def _example_histories(data: SampleTensors, n: int = 2) -> list[dict[str, Any]]:
+    """The first test samples as packed-history dicts (the model's input example)."""
+    out = []
+    for i in range(min(n, len(data))):
+        length = int(data.lengths_np[i])
+        batch = data.batch(torch.tensor([i], device=data.device))
+        out.append(
+            {
+                "location": batch.loc[0, :length].tolist(),
+                "start_min": (batch.time[0, :length] * 15).tolist(),
+                "weekday": batch.weekday[0, :length].tolist(),
+                "duration_min": (batch.duration[0, :length] * 30).tolist(),
+                "diff_days": batch.diff[0, :length].tolist(),
+                "user": int(data.user_np[i]),
+            }
+        )
+    return out
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"torch=={version('torch').split('+')[0]}", f"numpy=={version('numpy')}", f"nextloc=={version('nextloc')}"]
+

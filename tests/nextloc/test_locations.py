@@ -1,0 +1,327 @@
+"""Dataset-level DBSCAN locations and staypoint merging against sklearn and trackintel 1.4.2.
+
+The reference (mie-lab/location-prediction ``preprocessing/geolife.py``) runs, on the activity staypoints of
+the quality-filtered users::
+
+    sp.as_staypoints.generate_locations(epsilon=20, num_samples=2, distance_metric="haversine",
+                                        agg_level="dataset")
+    sp = sp.loc[~sp["location_id"].isna()]
+    sp.as_staypoints.merge_staypoints(triplegs=pd.DataFrame([]), max_time_gap="1min",
+                                      agg={"location_id": "first"})
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import geopandas as gpd
+import numpy as np
+import pandas as pd
+import pytest
+import trackintel  # noqa: F401  (registers the .as_staypoints accessor)
+from sklearn.cluster import DBSCAN
+from sklearn.metrics.pairwise import haversine_distances
+
+from nextloc.config import LocationConfig, PreprocessConfig
+from nextloc.dataset import locate_staypoints
+from nextloc.geolife import list_plt_files, list_user_dirs, read_user
+from nextloc.locations import generate_locations, merge_staypoints
+from nextloc.quality import filter_users_by_quality, user_extents
+from nextloc.staypoints import EARTH_RADIUS_M, create_activity_flag, generate_staypoints
+
+REPO = Path(__file__).resolve().parents[2]
+BEIJING = (39.984702, 116.318417)  # (lat, lon)
+T0 = pd.Timestamp("2008-10-23 02:00:00", tz="UTC")
+# trackintel's merge_staypoints concatenates the staypoints with the empty triplegs frame the reference passes
+TI_CONCAT_EMPTY = "ignore:The behavior of DataFrame concatenation with empty or all-NA entries:FutureWarning"
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+
+
+def sample_dir() -> Path:
+    return Path(os.environ.get("NEXTLOC_SAMPLE_DIR", REPO.parent / "shared" / "data" / "geolife-sample"))
+
+
+def require_sample() -> Path:
+    root = sample_dir()
+    if not (root / "Data").is_dir():
+        message = f"GeoLife sample not found at {root} (set NEXTLOC_SAMPLE_DIR)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return root
+
+
+def sample_staypoints(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """All sample users' staypoints (sorted by user, start) and tripleg extents, from nextloc."""
+    users, _ = list_user_dirs(root)
+    sps, extents = [], []
+    for user_id, folder in users:
+        table, _ = read_user(user_id, list_plt_files(folder))
+        result = generate_staypoints(table.to_pandas())
+        sps.append(result.staypoints)
+        extents.append({"user_id": user_id, "tripleg_start": result.tripleg_start, "tripleg_end": result.tripleg_end})
+    extents = pd.DataFrame(extents)
+    for col in ("tripleg_start", "tripleg_end"):
+        extents[col] = pd.to_datetime(extents[col], utc=True)
+    return pd.concat(sps, ignore_index=True), extents
+
+
+def reference_dbscan_input(sp: pd.DataFrame, extents: pd.DataFrame) -> pd.DataFrame:
+    """The reference's DBSCAN input: activity staypoints (> 25 min) of the users passing the quality filter."""
+    sp = create_activity_flag(sp, 25)
+    kept = filter_users_by_quality(user_extents(sp, extents))["user_id"]
+    return sp[sp["user_id"].isin(kept) & sp["is_activity"]].reset_index(drop=True)
+
+
+def to_trackintel_sp(sp: pd.DataFrame) -> gpd.GeoDataFrame:
+    """trackintel staypoints (index ``id`` = row order, geometry Point(lon, lat) in EPSG:4326)."""
+    cols = ["user_id", "started_at", "finished_at"] + (["location_id"] if "location_id" in sp else [])
+    gdf = gpd.GeoDataFrame(
+        sp[cols].copy(),
+        geometry=gpd.points_from_xy(sp["longitude"], sp["latitude"]),
+        crs="EPSG:4326",
+    ).rename_geometry("geom")
+    gdf.index = pd.RangeIndex(len(gdf), name="id")
+    return gdf
+
+
+def trackintel_locations(sp: pd.DataFrame, epsilon: float = 20, num_samples: int = 2) -> pd.Series:
+    """trackintel's location_id (Int64, <NA> = noise) for the rows of ``sp`` (aligned by position)."""
+    ti_sp, _ = to_trackintel_sp(sp).as_staypoints.generate_locations(
+        method="dbscan", epsilon=epsilon, num_samples=num_samples, distance_metric="haversine", agg_level="dataset"
+    )
+    return ti_sp["location_id"].sort_index()
+
+
+def sklearn_labels(sp: pd.DataFrame, order: str = "lon_lat", epsilon_m: float = 20, min_samples: int = 2):
+    """DBSCAN called directly, as trackintel does: radians of [lon, lat] (or [lat, lon])."""
+    cols = ["longitude", "latitude"] if order == "lon_lat" else ["latitude", "longitude"]
+    db = DBSCAN(eps=epsilon_m / 6371000, min_samples=min_samples, algorithm="ball_tree", metric="haversine")
+    return db.fit_predict(np.deg2rad(sp[cols].to_numpy()))
+
+
+def labels_of(located: pd.DataFrame) -> np.ndarray:
+    return located["location_id"].fillna(-1).to_numpy(np.int64)
+
+
+def points(coords: list[tuple[float, float]], user_id: int = 1) -> pd.DataFrame:
+    """Staypoints at (lat, lon), one hour apart."""
+    n = len(coords)
+    start = T0 + pd.to_timedelta(np.arange(n) * 60, unit="min")
+    return pd.DataFrame(
+        {
+            "user_id": np.full(n, user_id, dtype=np.int32),
+            "started_at": start,
+            "finished_at": start + pd.Timedelta(minutes=40),
+            "latitude": [c[0] for c in coords],
+            "longitude": [c[1] for c in coords],
+        }
+    )
+
+
+def offset(north_m: float = 0.0, east_m: float = 0.0, origin: tuple[float, float] = BEIJING):
+    """A point ``north_m`` metres north and ``east_m`` metres east of ``origin`` (exact on the sphere's
+    meridian / parallel)."""
+    lat, lon = origin
+    return (
+        lat + np.rad2deg(north_m / EARTH_RADIUS_M),
+        lon + np.rad2deg(east_m / (EARTH_RADIUS_M * np.cos(np.deg2rad(lat)))),
+    )
+
+
+def stays(rows: list[tuple[int, str, str, int]]) -> pd.DataFrame:
+    """Staypoints from (user, start, end, location) with times as 'HH:MM:SS' on 2008-10-23 (UTC)."""
+    day = "2008-10-23 "
+    return pd.DataFrame(
+        {
+            "user_id": np.array([r[0] for r in rows], dtype=np.int32),
+            "started_at": pd.to_datetime([day + r[1] for r in rows], utc=True),
+            "finished_at": pd.to_datetime([day + r[2] for r in rows], utc=True),
+            "location_id": pd.array([r[3] for r in rows], dtype="Int64"),
+        }
+    )
+
+
+def trackintel_merge(sp: pd.DataFrame) -> pd.DataFrame:
+    """The reference merge call on staypoints with ``location_id`` (and optionally coordinates)."""
+    gdf = gpd.GeoDataFrame(
+        sp[["user_id", "started_at", "finished_at", "location_id"]].copy(),
+        geometry=gpd.points_from_xy(np.zeros(len(sp)), np.zeros(len(sp))),
+        crs="EPSG:4326",
+    ).rename_geometry("geom")
+    gdf.index = pd.RangeIndex(len(gdf), name="id")
+    gdf = gdf[["user_id", "started_at", "finished_at", "geom", "location_id"]]
+    return gdf.as_staypoints.merge_staypoints(
+        triplegs=pd.DataFrame([]), max_time_gap="1min", agg={"location_id": "first"}
+    )
+
+
+def assert_same_merge(ours: pd.DataFrame, theirs: pd.DataFrame) -> None:
+    assert len(ours) == len(theirs)
+    np.testing.assert_array_equal(ours["user_id"].to_numpy(np.int64), theirs["user_id"].to_numpy(np.int64))
+    for col in ("started_at", "finished_at"):
+        np.testing.assert_array_equal(
+            ours[col].to_numpy("datetime64[ns]"), theirs[col].dt.tz_convert("UTC").to_numpy("datetime64[ns]")
+        )
+    np.testing.assert_array_equal(ours["location_id"].to_numpy(np.int64), theirs["location_id"].to_numpy(np.int64))
+
+
+@pytest.fixture(scope="module")
+def sample() -> tuple[pd.DataFrame, pd.DataFrame]:
+    return sample_staypoints(require_sample())
+
+
+@pytest.fixture(scope="module")
+def dbscan_input(sample) -> pd.DataFrame:
+    return reference_dbscan_input(*sample)
+
+
+# --------------------------------------------------------------------------- #
+# generate_locations
+# --------------------------------------------------------------------------- #
+
+
+class TestGenerateLocations:
+    @pytest.mark.parametrize("selection", ["reference_input", "all_staypoints"])
+    def test_identical_to_sklearn_and_trackintel_on_sample(self, sample, dbscan_input, selection):
+        sp = dbscan_input if selection == "reference_input" else sample[0]
+        ours = generate_locations(sp, LocationConfig(epsilon_m=20, min_samples=2))
+        labels = labels_of(ours)
+
+        np.testing.assert_array_equal(labels, sklearn_labels(sp))
+        ti_labels = trackintel_locations(sp)
+        np.testing.assert_array_equal(labels, ti_labels.fillna(-1).to_numpy(np.int64))
+        # identical noise set, and a non-trivial clustering
+        assert set(np.flatnonzero(ours["location_id"].isna())) == set(np.flatnonzero(ti_labels.isna()))
+        assert 0 < ours["location_id"].isna().sum() < len(sp)
+        assert ours["location_id"].nunique() > 10
+
+    def test_output_is_a_copy_with_nullable_ids(self, dbscan_input):
+        before = dbscan_input.copy(deep=True)
+        ours = generate_locations(dbscan_input)
+        pd.testing.assert_frame_equal(dbscan_input, before)
+        assert str(ours["location_id"].dtype) == "Int64"
+        pd.testing.assert_frame_equal(ours.drop(columns="location_id"), dbscan_input)
+
+    def test_locate_staypoints_keeps_exactly_the_clustered_rows(self, sample, dbscan_input):
+        located = locate_staypoints(*sample, PreprocessConfig()).staypoints
+        clustered = generate_locations(dbscan_input)
+        clustered = clustered[clustered["location_id"].notna()].reset_index(drop=True)
+        pd.testing.assert_frame_equal(located, clustered)
+
+    def test_reference_coordinate_order_is_not_a_true_radius(self):
+        """sklearn's haversine wants [lat, lon]; the reference feeds [lon, lat].
+
+        With longitude read as latitude (cos(116.3 deg) = -0.44) a north-south offset shrinks to 0.44x and
+        an east-west offset grows by 1/cos(40 deg) = 1.30x. So in Beijing, with eps = 20 m:
+
+        * pair A, 30 m apart north-south (truly farther than 20 m): one location with "lon_lat" (seen as
+          13.3 m), two noise points with "lat_lon";
+        * pair B, 17 m apart east-west (truly within 20 m): noise with "lon_lat" (seen as 22.2 m), one
+          location with "lat_lon".
+        """
+        pair_a = [BEIJING, offset(north_m=30)]
+        far = (BEIJING[0] + 0.1, BEIJING[1])  # 11 km north: pair B never touches pair A
+        pair_b = [far, offset(east_m=17, origin=far)]
+        sp = points(pair_a + pair_b)
+
+        true_m = haversine_distances(np.deg2rad([pair_a[0], pair_a[1]]))[0, 1] * EARTH_RADIUS_M
+        assert true_m == pytest.approx(30.0)
+        assert haversine_distances(np.deg2rad([pair_b[0], pair_b[1]]))[0, 1] * EARTH_RADIUS_M == pytest.approx(17.0)
+
+        reference = generate_locations(sp, LocationConfig(coordinate_order="lon_lat"))
+        corrected = generate_locations(sp, LocationConfig(coordinate_order="lat_lon"))
+        assert labels_of(reference).tolist() == [0, 0, -1, -1]
+        assert labels_of(corrected).tolist() == [-1, -1, 0, 0]
+        np.testing.assert_array_equal(labels_of(reference), sklearn_labels(sp, "lon_lat"))
+        np.testing.assert_array_equal(labels_of(corrected), sklearn_labels(sp, "lat_lon"))
+        np.testing.assert_array_equal(labels_of(reference), trackintel_locations(sp).fillna(-1).to_numpy(np.int64))
+
+    def test_min_samples_and_epsilon_are_used(self):
+        """Three points 10 m apart in a row (east-west, so the reference reads them as 13 m apart):
+        eps 20 m / min_samples 2 -> one location; min_samples 4 -> all noise; eps 5 m -> all noise."""
+        sp = points([BEIJING, offset(east_m=10), offset(east_m=20)])
+        assert labels_of(generate_locations(sp)).tolist() == [0, 0, 0]
+        assert labels_of(generate_locations(sp, LocationConfig(min_samples=4))).tolist() == [-1, -1, -1]
+        assert labels_of(generate_locations(sp, LocationConfig(epsilon_m=5))).tolist() == [-1, -1, -1]
+        for eps, n in ((20, 2), (20, 4), (5, 2)):
+            ours = labels_of(generate_locations(sp, LocationConfig(epsilon_m=eps, min_samples=n)))
+            np.testing.assert_array_equal(ours, sklearn_labels(sp, epsilon_m=eps, min_samples=n))
+
+    def test_empty_input(self):
+        out = generate_locations(points([]))
+        assert len(out) == 0
+        assert str(out["location_id"].dtype) == "Int64"
+
+
+# --------------------------------------------------------------------------- #
+# merge_staypoints
+# --------------------------------------------------------------------------- #
+
+
+class TestMergeStaypoints:
+    @pytest.mark.filterwarnings(TI_CONCAT_EMPTY)
+    def test_identical_to_trackintel_on_sample(self, sample):
+        located = locate_staypoints(*sample, PreprocessConfig()).staypoints
+        sp = located[["user_id", "started_at", "finished_at", "location_id"]]
+        ours = merge_staypoints(sp, 1.0)
+        assert_same_merge(ours, trackintel_merge(sp))
+        assert len(ours) < len(sp)  # the sample does contain merges
+
+    @pytest.mark.filterwarnings(TI_CONCAT_EMPTY)
+    def test_inline_fixture(self):
+        """Expected (user, start, end, location) after merging with a 1-minute gap:
+
+        * user 1, location 5: 08:00-09:00, 09:00:30-10:00, 10:01-11:00 (gaps 30 s and 60 s) chain into one
+          staypoint 08:00-11:00 with location 5;
+        * user 1, 11:01:01-12:00 at location 5: gap 61 s > 1 min, stays apart;
+        * user 1, 12:00:10-13:00 at location 6: different location, stays apart;
+        * user 2, 13:00:20-14:00 at location 6: different user (and it is the next row), stays apart;
+        * user 2, 14:00:30-15:00 at location 6: merges with its predecessor -> 13:00:20-15:00.
+        """
+        sp = stays(
+            [
+                (1, "08:00:00", "09:00:00", 5),
+                (1, "09:00:30", "10:00:00", 5),
+                (1, "10:01:00", "11:00:00", 5),
+                (1, "11:01:01", "12:00:00", 5),
+                (1, "12:00:10", "13:00:00", 6),
+                (2, "13:00:20", "14:00:00", 6),
+                (2, "14:00:30", "15:00:00", 6),
+            ]
+        )
+        expected = stays(
+            [
+                (1, "08:00:00", "11:00:00", 5),
+                (1, "11:01:01", "12:00:00", 5),
+                (1, "12:00:10", "13:00:00", 6),
+                (2, "13:00:20", "15:00:00", 6),
+            ]
+        )
+        ours = merge_staypoints(sp, 1.0)
+        pd.testing.assert_frame_equal(ours, expected)
+        assert_same_merge(ours, trackintel_merge(sp))
+
+    @pytest.mark.filterwarnings(TI_CONCAT_EMPTY)
+    def test_unsorted_input_is_sorted_first(self):
+        """Rows are ordered by (user, start) before merging, as trackintel does."""
+        sp = stays([(1, "10:00:30", "11:00:00", 5), (2, "08:00:00", "09:00:00", 5), (1, "09:00:00", "10:00:00", 5)])
+        ours = merge_staypoints(sp, 1.0)
+        expected = stays([(1, "09:00:00", "11:00:00", 5), (2, "08:00:00", "09:00:00", 5)])
+        pd.testing.assert_frame_equal(ours, expected)
+        assert_same_merge(ours, trackintel_merge(sp))
+
+    def test_gap_parameter(self):
+        """With a 10-minute gap the 61-second and 30-second breaks above all merge (same user/location)."""
+        sp = stays([(1, "08:00:00", "09:00:00", 5), (1, "09:01:01", "10:00:00", 5), (1, "10:09:00", "11:00:00", 5)])
+        assert len(merge_staypoints(sp, 1.0)) == 3
+        merged = merge_staypoints(sp, 10.0)
+        pd.testing.assert_frame_equal(merged, stays([(1, "08:00:00", "11:00:00", 5)]))
+
+    def test_empty_input(self):
+        assert len(merge_staypoints(stays([]), 1.0)) == 0
