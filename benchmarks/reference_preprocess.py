@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import pickle
 import sys
 import time
@@ -29,9 +28,8 @@ warnings.filterwarnings("ignore")
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from sklearn.preprocessing import OrdinalEncoder  # noqa: E402
-
 import trackintel as ti  # noqa: E402
+from sklearn.preprocessing import OrdinalEncoder  # noqa: E402
 from trackintel.analysis.tracking_quality import _split_overlaps, temporal_tracking_quality  # noqa: E402
 
 PREVIOUS_DAY = 7
@@ -52,7 +50,9 @@ def _window_quality(df: pd.DataFrame, window_size: int) -> pd.DataFrame:
     rows = []
     for i in range(0, n_weeks - window_size + 1):
         win_start = datetime.datetime.combine(first_date + datetime.timedelta(weeks=i), datetime.time())
-        win_end = datetime.datetime.combine(win_start + datetime.timedelta(weeks=window_size), datetime.time())
+        win_end = datetime.datetime.combine(
+            win_start + datetime.timedelta(weeks=window_size), datetime.time()
+        )
         inside = df.loc[(df["started_at"] >= win_start) & (df["finished_at"] < win_end)]
         if inside.shape[0] == 0:
             continue
@@ -167,7 +167,7 @@ def _user_samples(df: pd.DataFrame, valid_ids: np.ndarray, previous_day: int = P
             continue
         hist = df.iloc[:index]
         hist = hist.loc[hist["start_day"] >= (row["start_day"] - previous_day)]
-        if not (row["id"] in valid_ids):  # linear scan of a numpy array, as in the reference dataloader
+        if row["id"] not in valid_ids:  # linear scan of a numpy array, as in the reference dataloader
             continue
         samples.append(
             {
@@ -246,11 +246,16 @@ def main(argv: list[str]) -> int:
     locs = locs[~locs.index.duplicated(keep="first")]
     used_locs = locs.loc[locs.index.isin(sp["location_id"].unique())]
     stats["locations"] = int(sp["location_id"].nunique())
-    done("locations", f"{len(sp)} staypoints with a location, {stats['locations']} locations ({len(used_locs)} saved)")
+    done(
+        "locations",
+        f"{len(sp)} staypoints with a location, {stats['locations']} locations ({len(used_locs)} saved)",
+    )
 
     # 8-9. merge + floor-minute duration
     sp = sp[["user_id", "started_at", "finished_at", "geom", "location_id"]]
-    sp = sp.as_staypoints.merge_staypoints(triplegs=pd.DataFrame([]), max_time_gap="1min", agg={"location_id": "first"})
+    sp = sp.as_staypoints.merge_staypoints(
+        triplegs=pd.DataFrame([]), max_time_gap="1min", agg={"location_id": "first"}
+    )
     sp["duration"] = (sp["finished_at"] - sp["started_at"]).dt.total_seconds() // 60
     done("merge", f"{len(sp)} staypoints after merging")
 
@@ -272,7 +277,9 @@ def main(argv: list[str]) -> int:
     done("valid_ids", f"{len(final_valid_ids)} valid target ids")
 
     # 13, 16. users with valid targets in every split, re-encoded 1..U
-    users_per_split = [part.loc[part["id"].isin(final_valid_ids), "user_id"].unique() for part in (train, val, test)]
+    users_per_split = [
+        part.loc[part["id"].isin(final_valid_ids), "user_id"].unique() for part in (train, val, test)
+    ]
     kept_users = set.intersection(*(set(u) for u in users_per_split))
     kept = sp.loc[sp["user_id"].isin(kept_users)].copy()
     kept["user_id"] = OrdinalEncoder(dtype=np.int64).fit_transform(kept["user_id"].values.reshape(-1, 1)) + 1
@@ -308,5 +315,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")
     sys.exit(main(sys.argv))

@@ -73,11 +73,48 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_config_options(p)
     p.set_defaults(func=_cmd_preprocess)
 
-    r = sub.add_parser("run", help="the main job: find (or unpack, or download) GeoLife, then preprocess.")
+    r = sub.add_parser("run", help="the main job: find (or unpack, or download) GeoLife, preprocess, train, evaluate.")
     r.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    r.add_argument("--model", default="markov,mhsa,pointer")
+    r.add_argument("--seeds", default="0")
+    r.add_argument("--device", default="auto")
+    r.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE")
+    r.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE")
+    _add_tracking_options(r)
     r.add_argument("--raw-dir", default=None, help=f"default: $NEXTLOC_GEOLIFE_DIR, {DEFAULT_RAW_DIR}, a local archive, or download")
     _add_config_options(r)
     r.set_defaults(func=_cmd_run)
+
+    t = sub.add_parser("train", help="train/evaluate models on preprocessed samples; every run goes to MLflow.")
+    t.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    t.add_argument("--model", default="markov,mhsa,pointer", help="comma list of: mhsa, pointer, lstm, markov, most_frequent, last_location")
+    t.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
+    t.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    t.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE", help="model config override, e.g. d_model=96 (all chosen models)")
+    t.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE", help="training override, e.g. max_epochs=5")
+    _add_tracking_options(t)
+    t.set_defaults(func=_cmd_train)
+
+    e = sub.add_parser("evaluate", help="evaluate a registered model (default: the champion) on a test split.")
+    e.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    e.add_argument("--model", default="pointer")
+    e.add_argument("--alias", default="champion", help="registry alias or version number")
+    e.add_argument("--split", default="test", choices=["train", "val", "test"])
+    _add_tracking_options(e)
+    e.set_defaults(func=_cmd_evaluate)
+
+    c = sub.add_parser("compare", help="leaderboard from MLflow: mean +- std over seeds per model.")
+    c.add_argument("--all-data", action="store_true", help="include runs on other datasets than the latest")
+    _add_tracking_options(c)
+    c.set_defaults(func=_cmd_compare)
+
+    q = sub.add_parser("predict", help="top-k next locations from the champion model for histories (JSON or parquet).")
+    q.add_argument("--model", default="pointer")
+    q.add_argument("--alias", default="champion")
+    q.add_argument("--history", required=True, help="JSON text, a .json file (a history or a list), or a samples .parquet")
+    q.add_argument("-k", type=int, default=5)
+    _add_tracking_options(q)
+    q.set_defaults(func=_cmd_predict)
 
     d = sub.add_parser("download", help="download and unpack the official GeoLife 1.3 zip.")
     d.add_argument("--dest", default="data/raw", help="download folder (default data/raw)")
@@ -85,6 +122,11 @@ def _build_parser() -> argparse.ArgumentParser:
     d.add_argument("--sha256", default=None, help="expected sha256 of the zip")
     d.set_defaults(func=_cmd_download)
     return parser
+
+
+def _add_tracking_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"), help="default: sqlite:///mlruns/mlflow.db")
+    parser.add_argument("--experiment", default="nextloc-geolife")
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +181,79 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     result = preprocess(raw_dir=str(raw_dir), data_dir=str(args.data_dir), config=config)
     _print_summary(result)
+    return _cmd_train(args)
+
+
+def _kv(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"expected KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        out[key] = _parse_value(value)
+    return out
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from flows.train import train
+
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
+    model_set, train_set = _kv(args.model_set), _kv(args.train_set)
+    neural = [m for m in models if m in ("mhsa", "pointer", "lstm")]
+    result = train(
+        data_dir=str(args.data_dir),
+        models=models,
+        seeds=seeds,
+        model_overrides={m: model_set for m in neural},
+        train_overrides={m: train_set for m in neural},
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        device=args.device,
+    )
+    _print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
     return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from tasks.evaluate import evaluate_registered
+
+    metrics = evaluate_registered(args.model, args.alias, Path(args.data_dir), args.split, args.tracking_uri, args.experiment)
+    from rich.console import Console
+
+    Console().print_json(json.dumps(metrics))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from tasks.evaluate import leaderboard_from_mlflow
+
+    board, note = leaderboard_from_mlflow(args.tracking_uri, args.experiment, latest_data_only=not args.all_data)
+    _print_leaderboard(board, note)
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from tasks.evaluate import predict_top_k
+
+    predictions = predict_top_k(args.model, args.alias, args.history, args.k, args.tracking_uri, args.experiment)
+    sys.stdout.write(json.dumps(predictions, indent=2) + "\n")
+    return 0
+
+
+def _print_leaderboard(board: dict[str, Any], caption: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    keys = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
+    table = Table(title="test metrics (%), mean +- std over seeds", caption=caption)
+    table.add_column("model")
+    table.add_column("seeds", justify="right")
+    for key in keys:
+        table.add_column(key, justify="right")
+    for kind, row in sorted(board.items(), key=lambda kv: -kv[1]["acc@1"]["mean"]):
+        table.add_row(kind, str(row["acc@1"]["n"]), *(f"{row[k]['mean']:.2f} +- {row[k]['std']:.2f}" for k in keys))
+    Console().print(table)
 
 
 def _cmd_download(args: argparse.Namespace) -> int:

@@ -9,11 +9,13 @@ quirks included; each quirk has a switch so the corrected protocol can be run to
   expects ``[lat, lon]``; ``"lat_lon"`` gives a true ``epsilon_m`` radius.
 
 Every model is ``frozen`` and ``extra="forbid"``: an unknown key or a wrong type is rejected before any
-work starts, and the error names the key.
+work starts, and the error names the key. Numbers must be finite, and a boolean is not a number (so
+``--locations.epsilon_m true`` does not silently mean 1 metre).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -21,11 +23,23 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _check_raw_value(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        # pydantic's lax mode reads True/False as 1/0 for int and float fields.
+        if isinstance(value, bool) and annotation in (int, float):
+            raise ValueError(f"expected a number, got the boolean {value}")
+        # An empty YAML section (``locations:`` with every key commented out) means its defaults.
+        if value is None and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return {}
+        return value
 
 
 class StaypointConfig(_Frozen):
@@ -121,6 +135,9 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
 
     Raises:
         pydantic.ValidationError: on unknown keys, wrong types or impossible values (it names the key).
+        ValueError: if the file is not YAML holding a mapping, or an override goes below a plain value
+            (``pydantic.ValidationError`` is a ``ValueError`` too).
+        FileNotFoundError: if ``path`` does not exist.
 
     Examples:
         >>> load_config(overrides={"locations.epsilon_m": 50}).locations.epsilon_m
@@ -128,14 +145,31 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     """
     data: dict[str, Any] = {}
     if path is not None:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: not valid YAML: {err}") from err
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
         data = raw.get("preprocess", raw)
+        if data is None:  # an empty ``preprocess:`` section: the defaults
+            data = {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: 'preprocess' must be a mapping of config keys, got {type(data).__name__}")
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+        for depth, key in enumerate(parents):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            elif not isinstance(child, dict):
+                section = ".".join(parents[: depth + 1])
+                raise ValueError(f"cannot set {dotted!r}: {section!r} is a value ({child!r}), not a section")
+            node = child
+        node[leaf] = copy.deepcopy(value)  # later overrides must not write into the caller's values
     return PreprocessConfig.model_validate(data)
 
 

@@ -6,8 +6,10 @@ Times are GMT; they become tz-aware UTC ``tracked_at`` values. Altitude is conve
 
 Parsing is columnar: the bodies of all files of a user are concatenated and parsed once by pyarrow's
 multi-threaded CSV reader. Only when that strict fast path finds something wrong (a malformed row, a
-non-numeric field, an out-of-range coordinate, a cut-off line) is the user's data re-read file by file and
-row by row, so that every bad row is reported with its file and line and every good row is kept.
+non-numeric or non-finite field, an out-of-range coordinate, a time that is not ``HH:MM:SS``, a non-ASCII
+byte anywhere, a cut-off line) is the user's data re-read file by file and row by row, so that every bad
+row is reported with its file and line and every good row is kept. Both paths accept exactly the same
+rows, so a row's fate never depends on what else is in the user's files.
 """
 
 from __future__ import annotations

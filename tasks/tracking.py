@@ -93,11 +93,11 @@ def log_torch_model(
     return info.model_uri, str(info.registered_model_version)
 
 
-def promote_champion(kind: str, metric: str = "val_acc@1", parent_run_id: str | None = None) -> dict[str, Any]:
+def promote_champion(kind: str, metric: str, data_fingerprint: str | None = None) -> dict[str, Any]:
     """Give the alias ``champion`` to the registered version whose run is best on ``metric`` (higher wins).
 
-    Only versions from ``parent_run_id``'s children are considered when it is given (a pipeline run
-    promotes among its own runs); the current champion is kept when it is better.
+    Only versions trained on the dataset with ``data_fingerprint`` compete (validation scores on other
+    data are not comparable); a champion trained on other data is replaced.
     """
     client = MlflowClient()
     name = registered_name(kind)
@@ -106,7 +106,7 @@ def promote_champion(kind: str, metric: str = "val_acc@1", parent_run_id: str | 
         if not version.run_id:
             continue
         run = client.get_run(version.run_id)
-        if parent_run_id and run.data.tags.get("mlflow.parentRunId") != parent_run_id:
+        if data_fingerprint and run.data.tags.get("data_fingerprint") != data_fingerprint:
             continue
         score = run.data.metrics.get(metric)
         if score is not None and (best is None or score > best[0]):
@@ -119,8 +119,10 @@ def promote_champion(kind: str, metric: str = "val_acc@1", parent_run_id: str | 
     except mlflow.exceptions.MlflowException:
         pass
     if current is not None and current.version != best[1]:
-        current_score = client.get_run(current.run_id).data.metrics.get(metric)
-        if current_score is not None and current_score >= best[0]:
+        current_run = client.get_run(current.run_id)
+        current_score = current_run.data.metrics.get(metric)
+        same_data = current_run.data.tags.get("data_fingerprint") == data_fingerprint or data_fingerprint is None
+        if same_data and current_score is not None and current_score >= best[0]:
             return {"promoted": False, "champion_version": current.version, "champion_score": current_score, "challenger_score": best[0]}
     client.set_registered_model_alias(name, CHAMPION, best[1])
     logger.info("%s@%s -> version %s (%s %.3f)", name, CHAMPION, best[1], metric, best[0])

@@ -64,7 +64,9 @@ def sample_staypoints(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         table, _ = read_user(user_id, list_plt_files(folder))
         result = generate_staypoints(table.to_pandas())
         sps.append(result.staypoints)
-        extents.append({"user_id": user_id, "tripleg_start": result.tripleg_start, "tripleg_end": result.tripleg_end})
+        extents.append(
+            {"user_id": user_id, "tripleg_start": result.tripleg_start, "tripleg_end": result.tripleg_end}
+        )
     extents = pd.DataFrame(extents)
     for col in ("tripleg_start", "tripleg_end"):
         extents[col] = pd.to_datetime(extents[col], utc=True)
@@ -93,7 +95,11 @@ def to_trackintel_sp(sp: pd.DataFrame) -> gpd.GeoDataFrame:
 def trackintel_locations(sp: pd.DataFrame, epsilon: float = 20, num_samples: int = 2) -> pd.Series:
     """trackintel's location_id (Int64, <NA> = noise) for the rows of ``sp`` (aligned by position)."""
     ti_sp, _ = to_trackintel_sp(sp).as_staypoints.generate_locations(
-        method="dbscan", epsilon=epsilon, num_samples=num_samples, distance_metric="haversine", agg_level="dataset"
+        method="dbscan",
+        epsilon=epsilon,
+        num_samples=num_samples,
+        distance_metric="haversine",
+        agg_level="dataset",
     )
     return ti_sp["location_id"].sort_index()
 
@@ -168,7 +174,9 @@ def assert_same_merge(ours: pd.DataFrame, theirs: pd.DataFrame) -> None:
         np.testing.assert_array_equal(
             ours[col].to_numpy("datetime64[ns]"), theirs[col].dt.tz_convert("UTC").to_numpy("datetime64[ns]")
         )
-    np.testing.assert_array_equal(ours["location_id"].to_numpy(np.int64), theirs["location_id"].to_numpy(np.int64))
+    np.testing.assert_array_equal(
+        ours["location_id"].to_numpy(np.int64), theirs["location_id"].to_numpy(np.int64)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +240,9 @@ class TestGenerateLocations:
 
         true_m = haversine_distances(np.deg2rad([pair_a[0], pair_a[1]]))[0, 1] * EARTH_RADIUS_M
         assert true_m == pytest.approx(30.0)
-        assert haversine_distances(np.deg2rad([pair_b[0], pair_b[1]]))[0, 1] * EARTH_RADIUS_M == pytest.approx(17.0)
+        assert haversine_distances(np.deg2rad([pair_b[0], pair_b[1]]))[
+            0, 1
+        ] * EARTH_RADIUS_M == pytest.approx(17.0)
 
         reference = generate_locations(sp, LocationConfig(coordinate_order="lon_lat"))
         corrected = generate_locations(sp, LocationConfig(coordinate_order="lat_lon"))
@@ -240,7 +250,9 @@ class TestGenerateLocations:
         assert labels_of(corrected).tolist() == [-1, -1, 0, 0]
         np.testing.assert_array_equal(labels_of(reference), sklearn_labels(sp, "lon_lat"))
         np.testing.assert_array_equal(labels_of(corrected), sklearn_labels(sp, "lat_lon"))
-        np.testing.assert_array_equal(labels_of(reference), trackintel_locations(sp).fillna(-1).to_numpy(np.int64))
+        np.testing.assert_array_equal(
+            labels_of(reference), trackintel_locations(sp).fillna(-1).to_numpy(np.int64)
+        )
 
     def test_min_samples_and_epsilon_are_used(self):
         """Three points 10 m apart in a row (east-west, so the reference reads them as 13 m apart):
@@ -310,15 +322,19 @@ class TestMergeStaypoints:
     @pytest.mark.filterwarnings(TI_CONCAT_EMPTY)
     def test_unsorted_input_is_sorted_first(self):
         """Rows are ordered by (user, start) before merging, as trackintel does."""
-        sp = stays([(1, "10:00:30", "11:00:00", 5), (2, "08:00:00", "09:00:00", 5), (1, "09:00:00", "10:00:00", 5)])
+        sp = stays(
+            [(1, "10:00:30", "11:00:00", 5), (2, "08:00:00", "09:00:00", 5), (1, "09:00:00", "10:00:00", 5)]
+        )
         ours = merge_staypoints(sp, 1.0)
         expected = stays([(1, "09:00:00", "11:00:00", 5), (2, "08:00:00", "09:00:00", 5)])
         pd.testing.assert_frame_equal(ours, expected)
         assert_same_merge(ours, trackintel_merge(sp))
 
     def test_gap_parameter(self):
-        """With a 10-minute gap the 61-second and 30-second breaks above all merge (same user/location)."""
-        sp = stays([(1, "08:00:00", "09:00:00", 5), (1, "09:01:01", "10:00:00", 5), (1, "10:09:00", "11:00:00", 5)])
+        """Breaks of 61 s and 9 min: nothing merges with a 1-minute gap, everything with a 10-minute gap."""
+        sp = stays(
+            [(1, "08:00:00", "09:00:00", 5), (1, "09:01:01", "10:00:00", 5), (1, "10:09:00", "11:00:00", 5)]
+        )
         assert len(merge_staypoints(sp, 1.0)) == 3
         merged = merge_staypoints(sp, 10.0)
         pd.testing.assert_frame_equal(merged, stays([(1, "08:00:00", "11:00:00", 5)]))

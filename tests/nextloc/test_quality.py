@@ -80,7 +80,9 @@ def ref_calculate_user_quality(sp, trips, quality_filter):
     total_quality = temporal_tracking_quality(df_all, granularity="all")
     # get tracking days
     total_quality["days"] = (
-        df_all.groupby("user_id").apply(lambda x: (x["finished_at"].max() - x["started_at"].min()).days).values
+        df_all.groupby("user_id")
+        .apply(lambda x: (x["finished_at"].max() - x["started_at"].min()).days)
+        .values
     )
     # filter based on days
     user_filter_day = (
@@ -101,7 +103,11 @@ def ref_calculate_user_quality(sp, trips, quality_filter):
         # filter based on quanlity
         filter_after_day = (
             filter_after_day.groupby("user_id")
-            .apply(_ref_filter_user, min_thres=quality_filter["min_thres"], mean_thres=quality_filter["mean_thres"])
+            .apply(
+                _ref_filter_user,
+                min_thres=quality_filter["min_thres"],
+                mean_thres=quality_filter["mean_thres"],
+            )
             .reset_index(drop=True)
             .dropna()
         )
@@ -124,7 +130,9 @@ def _ref_get_tracking_quality(df, window_size):
     # construct the sliding week gdf
     for i in range(0, weeks - window_size + 1):
         curr_start = datetime.datetime.combine(start_date + datetime.timedelta(weeks=i), datetime.time())
-        curr_end = datetime.datetime.combine(curr_start + datetime.timedelta(weeks=window_size), datetime.time())
+        curr_end = datetime.datetime.combine(
+            curr_start + datetime.timedelta(weeks=window_size), datetime.time()
+        )
 
         # the total df for this time window
         cAll_gdf = df.loc[(df["started_at"] >= curr_start) & (df["finished_at"] < curr_end)]
@@ -270,25 +278,36 @@ class TestQualityFilterOnSample:
     def test_tripleg_extents_equal_trackintel_triplegs(self, ours, reference):
         _, extents = ours
         tpls = reference[1]
-        ti_ext = tpls.groupby("user_id").agg(tripleg_start=("started_at", "min"), tripleg_end=("finished_at", "max"))
+        ti_ext = tpls.groupby("user_id").agg(
+            tripleg_start=("started_at", "min"), tripleg_end=("finished_at", "max")
+        )
         ours_ext = extents.dropna(subset=["tripleg_start"]).set_index("user_id").sort_index()
         assert list(ours_ext.index) == list(ti_ext.index)
         for col in ("tripleg_start", "tripleg_end"):
             np.testing.assert_array_equal(
-                ours_ext[col].to_numpy("datetime64[ns]"), ti_ext[col].dt.tz_convert("UTC").to_numpy("datetime64[ns]")
+                ours_ext[col].to_numpy("datetime64[ns]"),
+                ti_ext[col].dt.tz_convert("UTC").to_numpy("datetime64[ns]"),
             )
 
     def test_user_extents_equal_staypoints_and_trips(self, ours, reference):
         """The extent over staypoints + tripleg extents is the extent over the reference's sp + trips."""
         sp, extents = ours
         ti_sp, _, ti_trips, _ = reference
-        both = pd.concat([ti_sp[["user_id", "started_at", "finished_at"]], ti_trips[["user_id", "started_at", "finished_at"]]])
-        expected = both.groupby("user_id").agg(started_at=("started_at", "min"), finished_at=("finished_at", "max"))
+        both = pd.concat(
+            [
+                ti_sp[["user_id", "started_at", "finished_at"]],
+                ti_trips[["user_id", "started_at", "finished_at"]],
+            ]
+        )
+        expected = both.groupby("user_id").agg(
+            started_at=("started_at", "min"), finished_at=("finished_at", "max")
+        )
         got = user_extents(sp, extents).set_index("user_id")
         assert list(got.index) == list(expected.index)
         for col in ("started_at", "finished_at"):
             np.testing.assert_array_equal(
-                got[col].to_numpy("datetime64[ns]"), expected[col].dt.tz_convert("UTC").to_numpy("datetime64[ns]")
+                got[col].to_numpy("datetime64[ns]"),
+                expected[col].dt.tz_convert("UTC").to_numpy("datetime64[ns]"),
             )
 
     def test_nextloc_staypoints_match_the_reference_staypoints(self, ours, reference):
@@ -296,7 +315,8 @@ class TestQualityFilterOnSample:
         ti_sp = reference[0].sort_values(["user_id", "started_at"])
         np.testing.assert_array_equal(sp["user_id"].to_numpy(), ti_sp["user_id"].to_numpy())
         np.testing.assert_array_equal(
-            sp["started_at"].to_numpy("datetime64[ns]"), ti_sp["started_at"].dt.tz_convert("UTC").to_numpy("datetime64[ns]")
+            sp["started_at"].to_numpy("datetime64[ns]"),
+            ti_sp["started_at"].dt.tz_convert("UTC").to_numpy("datetime64[ns]"),
         )
         np.testing.assert_array_equal(
             create_activity_flag(sp, 25)["is_activity"].to_numpy(), ti_sp["is_activity"].to_numpy()
@@ -323,11 +343,21 @@ class TestQualityFilterBoundaries:
         (one record spanning 80 days, cut at midnights by the reference) kept."""
         rows = pd.concat(
             [
-                records(1, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-02-20 09:00", "2008-02-20 11:00")]),
-                records(2, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-02-25 10:00", "2008-02-25 11:00")]),
-                records(3, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-03-11 08:00", "2008-03-11 09:59")]),
-                records(4, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-03-11 09:00", "2008-03-11 10:00")]),
-                records(5, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-07-19 10:00", "2008-07-19 11:00")]),
+                records(
+                    1, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-02-20 09:00", "2008-02-20 11:00")]
+                ),
+                records(
+                    2, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-02-25 10:00", "2008-02-25 11:00")]
+                ),
+                records(
+                    3, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-03-11 08:00", "2008-03-11 09:59")]
+                ),
+                records(
+                    4, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-03-11 09:00", "2008-03-11 10:00")]
+                ),
+                records(
+                    5, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-07-19 10:00", "2008-07-19 11:00")]
+                ),
                 records(6, [("2008-01-01 10:00", "2008-03-21 10:00")]),
             ],
             ignore_index=True,
@@ -336,15 +366,51 @@ class TestQualityFilterBoundaries:
         assert self._reference_kept(rows) == expected
         assert self._ours_kept(rows) == expected
 
+    @pytest.mark.filterwarnings(PD_APPLY_ON_GROUPING, PD_CONCAT_EMPTY)
+    def test_day_filter_alone(self):
+        """With a 1-week window the day filter decides: 50 days (user 1) is out, 51 days (user 2) is in --
+        for the reference with ``window_size=1`` and for nextloc with ``window_weeks=1`` alike."""
+        rows = pd.concat(
+            [
+                records(
+                    1, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-02-20 09:00", "2008-02-20 11:00")]
+                ),
+                records(
+                    2, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-02-21 10:00", "2008-02-21 11:00")]
+                ),
+            ],
+            ignore_index=True,
+        )
+        reference = {
+            int(u)
+            for u in ref_calculate_user_quality(
+                rows.copy(), rows.iloc[:0].copy(), {"day_filter": 50, "window_size": 1}
+            )
+        }
+        assert reference == {2}
+        assert self._ours_kept(rows, QualityConfig(day_filter=50, window_weeks=1)) == {2}
+
     def test_days_and_weeks_columns(self):
-        rows = records(4, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-03-11 09:00", "2008-03-11 10:00")])
-        no_tpls = pd.DataFrame({"user_id": [4], "tripleg_start": pd.to_datetime([pd.NaT], utc=True), "tripleg_end": pd.to_datetime([pd.NaT], utc=True)})
+        rows = records(
+            4, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-03-11 09:00", "2008-03-11 10:00")]
+        )
+        no_tpls = pd.DataFrame(
+            {
+                "user_id": [4],
+                "tripleg_start": pd.to_datetime([pd.NaT], utc=True),
+                "tripleg_end": pd.to_datetime([pd.NaT], utc=True),
+            }
+        )
         kept = filter_users_by_quality(user_extents(rows, no_tpls))
-        assert kept[["user_id", "days", "weeks"]].to_dict("records") == [{"user_id": 4, "days": 70, "weeks": 10}]
+        assert kept[["user_id", "days", "weeks"]].to_dict("records") == [
+            {"user_id": 4, "days": 70, "weeks": 10}
+        ]
 
     def test_triplegs_extend_the_extent(self):
         """A user whose staypoints span 10 days is kept when its triplegs stretch the span to 80 days."""
-        rows = records(7, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-01-11 10:00", "2008-01-11 11:00")])
+        rows = records(
+            7, [("2008-01-01 10:00", "2008-01-01 11:00"), ("2008-01-11 10:00", "2008-01-11 11:00")]
+        )
         tpls = pd.DataFrame(
             {
                 "user_id": [7],
@@ -362,4 +428,50 @@ class TestQualityFilterBoundaries:
 
     def test_missing_columns_raise(self):
         with pytest.raises(ValueError, match="finished_at"):
-            filter_users_by_quality(pd.DataFrame({"user_id": [1], "started_at": [pd.Timestamp("2008-01-01", tz="UTC")]}))
+            filter_users_by_quality(
+                pd.DataFrame({"user_id": [1], "started_at": [pd.Timestamp("2008-01-01", tz="UTC")]})
+            )
+
+
+class TestTriplegExtents:
+    @pytest.mark.filterwarnings(TI_INVALID_TRIPLEGS)
+    def test_invalid_and_split_triplegs(self):
+        """Fixes (minutes: place): 0: A, 1: A | 20 min gap | 21, 31, 41, 61: B | 71: C, 72: C, 73: D.
+
+        Staypoint: [21, 71] (the B fixes; C at 71 is the first fix outside). Tripleg candidates: {A, A}
+        (cut off by the 20-min gap > 15 and by the staypoint) is two identical points, an invalid
+        LineString that trackintel drops; {C, C, D} is valid. Expected tripleg extent: [71, 73] -- not 0.
+        """
+        a, b = (39.90, 116.30), (39.92, 116.30)
+        c, d = (39.94, 116.30), (39.96, 116.30)
+        fixes = [(0, a), (1, a), (21, b), (31, b), (41, b), (61, b), (71, c), (72, c), (73, d)]
+        t0 = pd.Timestamp("2008-05-01 08:00", tz="UTC")
+        pfs = pd.DataFrame(
+            {
+                "user_id": np.full(len(fixes), 1, dtype=np.int32),
+                "tracked_at": [t0 + pd.Timedelta(minutes=m) for m, _ in fixes],
+                "latitude": [p[0] for _, p in fixes],
+                "longitude": [p[1] for _, p in fixes],
+                "elevation": np.zeros(len(fixes)),
+            }
+        )
+        result = generate_staypoints(pfs)
+        assert len(result.staypoints) == 1
+        assert (result.tripleg_start, result.tripleg_end) == (
+            t0 + pd.Timedelta(minutes=71),
+            t0 + pd.Timedelta(minutes=73),
+        )
+
+        ti_pfs = gpd.GeoDataFrame(
+            pfs[["user_id", "tracked_at", "elevation"]],
+            geometry=gpd.points_from_xy(pfs["longitude"], pfs["latitude"]),
+            crs="EPSG:4326",
+        ).rename_geometry("geom")
+        ti_pfs, ti_sp = ti_pfs.as_positionfixes.generate_staypoints(
+            dist_threshold=200, time_threshold=30, gap_threshold=24 * 60, include_last=True
+        )
+        _, tpls = ti_pfs.as_positionfixes.generate_triplegs(ti_sp)
+        assert (tpls["started_at"].min(), tpls["finished_at"].max()) == (
+            result.tripleg_start,
+            result.tripleg_end,
+        )

@@ -107,7 +107,8 @@ def assert_same_staypoints(ours: pd.DataFrame, theirs: gpd.GeoDataFrame) -> None
         return
     np.testing.assert_array_equal(ours["user_id"].to_numpy(), theirs["user_id"].to_numpy())
     np.testing.assert_array_equal(
-        ours["started_at"].to_numpy("datetime64[ns]"), theirs["started_at"].dt.tz_convert("UTC").to_numpy("datetime64[ns]")
+        ours["started_at"].to_numpy("datetime64[ns]"),
+        theirs["started_at"].dt.tz_convert("UTC").to_numpy("datetime64[ns]"),
     )
     np.testing.assert_array_equal(
         ours["finished_at"].to_numpy("datetime64[ns]"),
@@ -118,7 +119,9 @@ def assert_same_staypoints(ours: pd.DataFrame, theirs: gpd.GeoDataFrame) -> None
     np.testing.assert_array_equal(ours["elevation"].to_numpy(), theirs["elevation"].to_numpy())
 
 
-def make_pfs(rows: list[tuple[float, tuple[float, float]] | tuple[float, tuple[float, float], float]], user_id: int = 1):
+def make_pfs(
+    rows: list[tuple[float, tuple[float, float]] | tuple[float, tuple[float, float], float]], user_id: int = 1
+):
     """Positionfixes from ``(minutes after T0, (lat, lon)[, elevation])`` tuples, in the given order."""
     minutes = [r[0] for r in rows]
     return pd.DataFrame(
@@ -249,7 +252,14 @@ class TestGenerateStaypoints:
         and median 21.0 -- trackintel agrees in both modes.
         """
         pfs = make_pfs(
-            [(0, HOME, 10.0), (10, HOME, 20.0), (20, HOME, 30.0), (20, HOME, 30.0), (10, HOME, 21.0), (40, AWAY)]
+            [
+                (0, HOME, 10.0),
+                (10, HOME, 20.0),
+                (20, HOME, 30.0),
+                (20, HOME, 30.0),
+                (10, HOME, 21.0),
+                (40, AWAY),
+            ]
         )
         result = generate_staypoints(pfs)
         assert result.n_duplicates == 1
@@ -282,7 +292,9 @@ class TestGenerateStaypoints:
             generate_staypoints(pfs)
 
     def test_several_users_raise(self):
-        pfs = pd.concat([make_pfs([(0, HOME)], user_id=1), make_pfs([(0, HOME)], user_id=2)], ignore_index=True)
+        pfs = pd.concat(
+            [make_pfs([(0, HOME)], user_id=1), make_pfs([(0, HOME)], user_id=2)], ignore_index=True
+        )
         with pytest.raises(ValueError, match="per user"):
             generate_staypoints(pfs)
 

@@ -1,0 +1,71 @@
+"""Next-location models and their registry.
+
+Every model takes a frozen config dataclass, consumes a :class:`nextloc.data.Batch` and returns
+``(B, total_loc_num)`` scores over the whole location vocabulary (ids 0 and 1 included, nothing masked):
+logits for ``"mhsa"`` and ``"lstm"``, log-probabilities for ``"pointer"`` (see :data:`OUTPUT_IS_LOG_PROB`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from torch import nn
+
+from nextloc.models.lstm import LSTMConfig, LSTMModel
+from nextloc.models.mhsa import MHSA, MHSAConfig
+from nextloc.models.pointer import PointerConfig, PointerGenerator
+
+MODEL_REGISTRY: dict[str, tuple[type, type[nn.Module]]] = {
+    "mhsa": (MHSAConfig, MHSA),
+    "pointer": (PointerConfig, PointerGenerator),
+    "lstm": (LSTMConfig, LSTMModel),
+}
+
+# Whether ``forward`` returns log-probabilities (True) or unnormalised logits (False).
+OUTPUT_IS_LOG_PROB: dict[str, bool] = {"mhsa": False, "pointer": True, "lstm": False}
+
+
+def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides: Any) -> nn.Module:
+    """Build a registered model with its reference defaults plus ``overrides``.
+
+    Args:
+        kind: ``"mhsa"``, ``"pointer"`` or ``"lstm"``.
+        total_loc_num: location vocabulary size (output width).
+        total_user_num: user vocabulary size.
+        **overrides: config fields to change, e.g. ``d_model=64`` or ``diagonal_mask=True``.
+
+    Returns:
+        The model, freshly initialised.
+
+    Raises:
+        ValueError: unknown ``kind`` or an override that is not a field of the kind's config.
+    """
+    if kind not in MODEL_REGISTRY:
+        raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(MODEL_REGISTRY)}")
+    config_cls, model_cls = MODEL_REGISTRY[kind]
+    allowed = {f.name for f in fields(config_cls)} - {"total_loc_num", "total_user_num"}
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        raise ValueError(f"unknown {kind!r} config key(s) {unknown}; allowed: {sorted(allowed)}")
+    config = config_cls(total_loc_num=total_loc_num, total_user_num=total_user_num, **overrides)
+    return model_cls(config)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters (``requires_grad``)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+__all__ = [
+    "MHSA",
+    "MODEL_REGISTRY",
+    "OUTPUT_IS_LOG_PROB",
+    "LSTMConfig",
+    "LSTMModel",
+    "MHSAConfig",
+    "PointerConfig",
+    "PointerGenerator",
+    "build_model",
+    "count_parameters",
+]

@@ -1,0 +1,173 @@
+"""Pointer V45: the pointer-generator Transformer of aetandrianwr/next_loc_clean_v2.
+
+Inputs per visit: location and user embeddings (``d`` each) and five ``d/4`` embeddings (time slot,
+weekday, recency = days before the target, duration bin, position counted from the end), concatenated,
+projected to ``d``, LayerNorm, plus a sinusoidal table. A pre-norm GELU Transformer encoder (padding mask
+only, no causal mask) encodes the history; the context is the output at ``len - 1``. Three heads:
+
+* pointer: ``softmax_i((W_q ctx) . (W_k h_i) / sqrt(d) + position_bias[pos_from_end_i])`` over the history,
+  scattered onto location ids (a location visited twice gets both weights; padding gets none);
+* generator: ``softmax(Linear(d -> V)(ctx))`` over every location;
+* gate: ``g = sigmoid(Lin(d/2 -> 1)(GELU(Lin(d -> d/2)(ctx))))``.
+
+The output is ``log(g * ptr + (1 - g) * gen + 1e-10)``, a log-probability over all ``V`` ids. The GeoLife
+reference configuration has 251,476 trainable parameters (``V=1187``, ``U=46``, ``max_seq_len=64``).
+
+Optional improvement (off by default, so the reference is unchanged):
+
+* ``use_frequency_bias``: a copy prior. Each history position's pointer score gets
+  ``beta * log(1 + count)``, where ``count`` is how often that position's location occurs in the history and
+  ``beta`` is a learned scalar initialised to 0 (the model starts as the reference). After the softmax and
+  the scatter, a location's pointer mass is multiplied by ``(1 + count) ** beta`` (renormalised), so the
+  model can learn to favour (``beta > 0``) or flatten (``beta < 0``) frequently visited places beyond the
+  plain sum over repeated positions. One extra parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from nextloc.data import Batch
+from nextloc.models.embedding import MaskedEncoderLayer, last_valid, sinusoidal_table, valid_mask, xavier_init
+
+# Reference embedding vocabularies (inputs are clamped into them).
+TIME_VOCAB = 97  # start_min // 15 in 0..95, + 1 spare
+WEEKDAY_VOCAB = 8  # 0..6, + 1 spare
+RECENCY_VOCAB = 9  # diff in 0..7, + 1 spare
+DURATION_VOCAB = 100  # duration // 30 in 0..95, + spares
+LOG_EPS = 1e-10
+
+
+@dataclass(frozen=True)
+class PointerConfig:
+    """Pointer V45 hyper-parameters; defaults are the GeoLife reference (``config_pointer_v45_geolife.yaml``).
+
+    Attributes:
+        total_loc_num: location vocabulary size ``V`` (0 pad, 1 unseen, 2.. known).
+        total_user_num: user vocabulary size ``U``.
+        d_model: model width ``d`` (divisible by 4 and by ``nhead``).
+        nhead: attention heads.
+        num_layers: encoder layers.
+        dim_feedforward: feed-forward width.
+        dropout: dropout of the encoder layers.
+        max_seq_len: ``M``, the longest history the model accepts (reference: max history length + 10 = 64).
+            Sizes the sinusoidal table, the position-from-end embedding (``M + 1`` rows, indices clamped to
+            ``M - 1``) and the pointer position bias (``M``).
+        use_frequency_bias: add the learned copy prior ``beta * log(1 + count)`` to the pointer scores.
+    """
+
+    total_loc_num: int
+    total_user_num: int
+    d_model: int = 64
+    nhead: int = 4
+    num_layers: int = 2
+    dim_feedforward: int = 128
+    dropout: float = 0.15
+    max_seq_len: int = 64
+    use_frequency_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.d_model % 4:
+            raise ValueError(f"d_model={self.d_model} must be divisible by 4")
+        if self.d_model % self.nhead:
+            raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}")
+        if self.max_seq_len < 1:
+            raise ValueError(f"max_seq_len={self.max_seq_len} must be >= 1")
+
+
+class PointerGenerator(nn.Module):
+    """Pointer-generator Transformer (Pointer V45).
+
+    Args:
+        config: the architecture.
+    """
+
+    def __init__(self, config: PointerConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        quarter = d // 4
+        self.loc_emb = nn.Embedding(config.total_loc_num, d, padding_idx=0)
+        self.user_emb = nn.Embedding(config.total_user_num, d, padding_idx=0)
+        self.time_emb = nn.Embedding(TIME_VOCAB, quarter)
+        self.weekday_emb = nn.Embedding(WEEKDAY_VOCAB, quarter)
+        self.recency_emb = nn.Embedding(RECENCY_VOCAB, quarter)
+        self.duration_emb = nn.Embedding(DURATION_VOCAB, quarter)
+        self.pos_from_end_emb = nn.Embedding(config.max_seq_len + 1, quarter)
+        self.input_proj = nn.Linear(2 * d + 5 * quarter, d)
+        self.input_norm = nn.LayerNorm(d)
+        self.register_buffer("pos_encoding", sinusoidal_table(config.max_seq_len, d), persistent=False)
+        self.layers = nn.ModuleList(
+            MaskedEncoderLayer(d, config.nhead, config.dim_feedforward, config.dropout, norm_first=True)
+            for _ in range(config.num_layers)
+        )
+        self.pointer_query = nn.Linear(d, d)
+        self.pointer_key = nn.Linear(d, d)
+        self.position_bias = nn.Parameter(torch.zeros(config.max_seq_len))
+        self.gen_head = nn.Linear(d, config.total_loc_num)
+        self.ptr_gen_gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 1))
+        self.freq_bias_scale: nn.Parameter | None = None
+        if config.use_frequency_bias:
+            self.freq_bias_scale = nn.Parameter(torch.zeros(()))
+        xavier_init(self)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Log-probabilities of the next location.
+
+        Args:
+            batch: right-padded batch ``(B, T)`` with ``T <= max_seq_len``.
+
+        Returns:
+            ``(B, total_loc_num)`` float32 log-probabilities (``exp`` sums to 1 up to ``V * 1e-10``).
+        """
+        loc, lengths = batch.loc, batch.lengths
+        bsz, width = loc.shape
+        m = self.config.max_seq_len
+        if width > m:
+            raise ValueError(f"history width {width} exceeds max_seq_len={m}")
+        valid = valid_mask(lengths, width)  # (B, T)
+        positions = torch.arange(width, device=loc.device)  # (T,)
+        pos_from_end = (lengths.unsqueeze(1) - positions.unsqueeze(0)).clamp(0, m - 1)  # (B, T)
+
+        features = torch.cat(
+            [
+                self.loc_emb(loc),  # (B, T, d)
+                self.user_emb(batch.user).unsqueeze(1).expand(-1, width, -1),  # (B, T, d)
+                self.time_emb(batch.time.clamp(0, TIME_VOCAB - 1)),  # (B, T, d/4)
+                self.weekday_emb(batch.weekday.clamp(0, WEEKDAY_VOCAB - 1)),  # (B, T, d/4)
+                self.recency_emb(batch.diff.clamp(0, RECENCY_VOCAB - 1)),  # (B, T, d/4)
+                self.duration_emb(batch.duration.clamp(0, DURATION_VOCAB - 1)),  # (B, T, d/4)
+                self.pos_from_end_emb(pos_from_end),  # (B, T, d/4)
+            ],
+            dim=-1,
+        )  # (B, T, 2d + 5d/4)
+        hidden = self.input_norm(self.input_proj(features))  # (B, T, d)
+        hidden = hidden + self.pos_encoding[:width].unsqueeze(0)  # (B, T, d)
+
+        allowed = valid.unsqueeze(1).unsqueeze(1)  # (B, 1, 1, T): padding mask only
+        for layer in self.layers:
+            hidden = layer(hidden, allowed)  # (B, T, d)
+        context = last_valid(hidden, lengths)  # (B, d)
+
+        # Pointer over history positions, in float32.
+        query = self.pointer_query(context).unsqueeze(1) * (1.0 / math.sqrt(self.config.d_model))  # (B, 1, d)
+        keys = self.pointer_key(hidden)  # (B, T, d)
+        scores = torch.bmm(query, keys.transpose(1, 2)).squeeze(1).float()  # (B, T)
+        scores = scores + self.position_bias.float()[pos_from_end]  # (B, T)
+        if self.freq_bias_scale is not None:
+            same = (loc.unsqueeze(2) == loc.unsqueeze(1)) & valid.unsqueeze(1)  # (B, T, T)
+            counts = same.sum(dim=-1).float()  # (B, T)
+            scores = scores + self.freq_bias_scale.float() * torch.log1p(counts)  # (B, T)
+        scores = scores.masked_fill(~valid, torch.finfo(torch.float32).min)
+        ptr_probs = torch.softmax(scores, dim=-1)  # (B, T); exactly 0 on padding
+        ptr_dist = torch.zeros(bsz, self.config.total_loc_num, device=loc.device, dtype=torch.float32)
+        ptr_dist = ptr_dist.scatter_add(1, loc, ptr_probs)  # (B, V)
+
+        gen_probs = torch.softmax(self.gen_head(context).float(), dim=-1)  # (B, V)
+        gate = torch.sigmoid(self.ptr_gen_gate(context).float())  # (B, 1)
+        mixed = gate * ptr_dist + (1.0 - gate) * gen_probs  # (B, V)
+        return torch.log(mixed + LOG_EPS)  # (B, V)

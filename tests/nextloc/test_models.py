@@ -1,0 +1,373 @@
+"""Models: reference parameter counts, output contract, masking, padding invariance, AMP, a tiny overfit."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nextloc.data import Batch
+from nextloc.models import MODEL_REGISTRY, OUTPUT_IS_LOG_PROB, build_model, count_parameters
+from nextloc.models.embedding import MaskedEncoderLayer
+
+KINDS = ["mhsa", "pointer", "lstm"]
+V, U = 40, 6  # small vocabularies for the behavioural tests
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: intra-op threads only add overhead (and stall badly on a busy CI machine)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def make_batch(lengths: list[int], *, seed: int = 0) -> Batch:
+    """A random right-padded batch (0 beyond each length), histories may contain the unseen id 1."""
+    g = torch.Generator().manual_seed(seed)
+    b, t = len(lengths), max(lengths)
+    lens = torch.tensor(lengths)
+    valid = torch.arange(t).unsqueeze(0) < lens.unsqueeze(1)
+
+    def feature(low: int, high: int) -> torch.Tensor:
+        return torch.randint(low, high, (b, t), generator=g) * valid  # (B, T)
+
+    return Batch(
+        loc=feature(1, V),
+        time=feature(0, 96),
+        weekday=feature(0, 7),
+        duration=feature(0, 96),
+        diff=feature(0, 8),
+        user=torch.randint(1, U, (b,), generator=g),
+        lengths=lens,
+        target=torch.randint(1, V, (b,), generator=g),
+        index=torch.arange(b),
+    )
+
+
+def select(batch: Batch, rows: list[int], width: int) -> Batch:
+    """Rows of a batch, trimmed or zero-padded to ``width``."""
+
+    def fit(x: torch.Tensor) -> torch.Tensor:
+        x = x[rows]
+        if x.dim() == 1:
+            return x
+        return F.pad(x, (0, max(0, width - x.shape[1])))[:, :width]
+
+    return Batch(**{f.name: fit(getattr(batch, f.name)) for f in dataclasses.fields(batch)})
+
+
+def small(kind: str, **overrides) -> nn.Module:
+    torch.manual_seed(0)
+    return build_model(kind, V, U, **overrides)
+
+
+# --- reference parameter counts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "loc", "user", "overrides", "expected"),
+    [
+        ("mhsa", 1187, 46, {}, 112_547),  # GeoLife reference
+        ("pointer", 1187, 46, {}, 251_476),
+        ("lstm", 1187, 46, {}, 482_659),
+        (
+            "mhsa",
+            7038,
+            693,
+            {"d_model": 96, "num_layers": 4, "dim_feedforward": 256, "fc_dropout": 0.1},
+            1_823_518,
+        ),
+        ("lstm", 7038, 693, {"emb_size": 96, "hidden_size": 192}, 2_847_582),  # DIY reference
+    ],
+)
+def test_reference_parameter_counts(kind, loc, user, overrides, expected):
+    assert count_parameters(build_model(kind, loc, user, **overrides)) == expected
+
+
+def test_frequency_bias_is_off_by_default_and_adds_one_parameter():
+    assert not build_model("pointer", 1187, 46).config.use_frequency_bias
+    assert count_parameters(build_model("pointer", 1187, 46, use_frequency_bias=True)) == 251_477
+
+
+# --- contract ---------------------------------------------------------------------------------------
+
+
+def test_registry_and_build_model_errors():
+    assert set(MODEL_REGISTRY) == set(KINDS) == set(OUTPUT_IS_LOG_PROB)
+    assert OUTPUT_IS_LOG_PROB == {"mhsa": False, "pointer": True, "lstm": False}
+    for config_cls, _ in MODEL_REGISTRY.values():
+        assert dataclasses.is_dataclass(config_cls)
+        assert config_cls.__dataclass_params__.frozen
+    with pytest.raises(ValueError, match="transformer"):
+        build_model("transformer", V, U)
+    with pytest.raises(ValueError, match="d_modle"):
+        build_model("mhsa", V, U, d_modle=64)
+    with pytest.raises(ValueError, match="diagonal_mask"):
+        build_model("pointer", V, U, diagonal_mask=True)
+    with pytest.raises(ValueError, match="divisible"):
+        build_model("mhsa", V, U, d_model=30)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("train", [False, True])
+def test_output_shape_and_finiteness(kind, train):
+    model = small(kind).train(train)
+    out = model(make_batch([5, 1, 3, 7]))
+    assert out.shape == (4, V)
+    assert out.dtype == torch.float32
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("frequency_bias", [False, True])
+def test_pointer_is_a_distribution(frequency_bias):
+    model = small("pointer", use_frequency_bias=frequency_bias).eval()
+    if frequency_bias:
+        with torch.no_grad():
+            model.freq_bias_scale.fill_(0.7)
+    batch = make_batch([1, 4, 12, 1, 2])  # padding and length-1 histories
+    for train in (False, True):
+        log_p = model.train(train)(batch)
+        assert torch.allclose(log_p.exp().sum(-1), torch.ones(5), atol=1e-6)
+    # Without generator mass (gate -> 1) all probability sits on the history's locations.
+    with torch.no_grad():
+        model.ptr_gen_gate[2].bias.fill_(50.0)
+    p = model.eval()(batch).exp()
+    for row in range(5):
+        seen = batch.loc[row, : batch.lengths[row]].unique()
+        assert p[row, seen].sum().item() == pytest.approx(1.0, abs=1e-5)
+    assert p[:, 0].max().item() < 1e-6  # padding id 0 is never copied
+
+
+def test_pointer_frequency_bias_starts_as_reference():
+    reference = small("pointer").eval()
+    biased = build_model("pointer", V, U, use_frequency_bias=True).eval()
+    missing = biased.load_state_dict(reference.state_dict(), strict=False).missing_keys
+    assert missing == ["freq_bias_scale"]
+    batch = make_batch([3, 9, 1])
+    torch.testing.assert_close(biased(batch), reference(batch))
+
+
+def test_pointer_rejects_histories_longer_than_max_seq_len():
+    model = small("pointer", max_seq_len=8).eval()
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(make_batch([9, 2]))
+
+
+# --- masking ----------------------------------------------------------------------------------------
+
+
+def test_mhsa_is_causal():
+    model = small("mhsa").eval()
+    batch = make_batch([10, 10])
+    base = model.encode(batch)
+    j = 6
+    changed = dataclasses.replace(batch, loc=batch.loc.clone(), duration=batch.duration.clone())
+    changed.loc[:, j] = (changed.loc[:, j] % (V - 2)) + 2
+    changed.duration[:, j] = (changed.duration[:, j] + 7) % 96
+    out = model.encode(changed)
+    torch.testing.assert_close(out[:, :j], base[:, :j], rtol=0, atol=1e-6)  # earlier positions untouched
+    assert (out[:, j:] - base[:, j:]).abs().amax(dim=-1).min() > 1e-4  # later ones all see the change
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_items_beyond_length_are_ignored(kind):
+    """Only the first ``len`` visits count, whatever the tensor holds after them."""
+    model = small(kind).eval()
+    full = make_batch([9, 9, 9], seed=3)
+    cut = dataclasses.replace(full, lengths=torch.tensor([4, 1, 9]))
+    expected = torch.cat([model(select(cut, [i], int(n))) for i, n in enumerate(cut.lengths)])
+    torch.testing.assert_close(model(cut), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kind", "overrides"),
+    [
+        ("mhsa", {}),
+        ("mhsa", {"diagonal_mask": True}),
+        ("pointer", {}),
+        ("pointer", {"use_frequency_bias": True}),
+        ("lstm", {}),
+    ],
+)
+def test_padding_does_not_change_outputs(kind, overrides):
+    model = small(kind, **overrides).eval()
+    if overrides.get("use_frequency_bias"):
+        with torch.no_grad():
+            model.freq_bias_scale.fill_(0.5)
+    batch = make_batch([3, 11, 1, 6], seed=1)
+    together = model(batch)
+    for row, n in enumerate(batch.lengths.tolist()):
+        alone = model(select(batch, [row], n))
+        torch.testing.assert_close(together[row : row + 1], alone, rtol=0, atol=1e-5)
+
+
+def test_diagonal_mask_variant():
+    default = small("mhsa").eval()
+    diagonal = build_model("mhsa", V, U, diagonal_mask=True).eval()
+    diagonal.load_state_dict(default.state_dict())
+    batch = make_batch([1, 1, 5, 8])  # length-1 rows: the only position attends to nothing
+    out = diagonal(batch)
+    assert torch.isfinite(out).all()
+    assert (out - default(batch)).abs().amax() > 1e-3
+    # Still causal: changing visit 4 leaves the encoding of positions 0..3 untouched.
+    changed = dataclasses.replace(batch, loc=batch.loc.clone())
+    changed.loc[:, 4] = (changed.loc[:, 4] % (V - 2)) + 2
+    torch.testing.assert_close(
+        diagonal.encode(changed)[:, :4], diagonal.encode(batch)[:, :4], rtol=0, atol=1e-6
+    )
+    # Gradients through the empty attention row (position 0) are finite.
+    diagonal.train()
+    loss = F.cross_entropy(diagonal(batch), batch.target)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in diagonal.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_masked_layer_matches_torch_encoder_layer(norm_first):
+    """Same parameters, same math as ``nn.TransformerEncoderLayer`` (causal+padding or padding only)."""
+    torch.manual_seed(0)
+    d, heads, ff = 16, 4, 32
+    ours = MaskedEncoderLayer(d, heads, ff, dropout=0.1, norm_first=norm_first).eval()
+    ref = nn.TransformerEncoderLayer(
+        d, heads, ff, 0.1, activation="gelu", batch_first=True, norm_first=norm_first
+    )
+    ref.load_state_dict(ours.state_dict())
+    ref.eval()
+    lengths = torch.tensor([5, 2, 7])
+    x = torch.randn(3, 7, d)
+    padding = torch.arange(7).unsqueeze(0) >= lengths.unsqueeze(1)  # (B, T)
+    causal = not norm_first
+    allowed = (~padding).unsqueeze(1).unsqueeze(1)
+    attn_mask = None
+    if causal:
+        allowed = allowed & torch.ones(7, 7, dtype=torch.bool).tril()
+        attn_mask = ~torch.ones(7, 7, dtype=torch.bool).tril()  # True = masked (future)
+    with torch.no_grad():
+        expected = ref(x, src_mask=attn_mask, src_key_padding_mask=padding)
+        got = ours(x, allowed)
+    torch.testing.assert_close(got[~padding], expected[~padding], rtol=1e-5, atol=1e-5)
+
+
+def test_mhsa_matches_reference_formulation():
+    """Seq-first stock ``nn.TransformerEncoder`` with -inf causal mask, as in mie-lab ``TransEncoder``."""
+    model = small("mhsa").eval()
+    d = model.config.d_model
+    encoder = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(d, 8, 128, activation="gelu"),
+        2,
+        norm=nn.LayerNorm(d),
+        enable_nested_tensor=False,
+    ).eval()
+    encoder.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if k.startswith(("layers.", "norm."))}
+    )
+    batch = make_batch([3, 11, 1, 6], seed=2)
+    e, src = model.embedding, batch.loc.T  # (T, B)
+    emb = e.emb_loc(src) + e.hour_embed(batch.time.T // 4) + e.minute_embed(batch.time.T % 4)
+    emb = emb + e.weekday_embed(batch.weekday.T) + e.emb_duration(batch.duration.T)
+    emb = emb * d**0.5 + e.pos_table[: src.shape[0]].unsqueeze(1)
+    causal = torch.triu(torch.full((src.shape[0],) * 2, float("-inf")), diagonal=1)
+    padding = torch.zeros(src.T.shape).masked_fill(src.T == 0, float("-inf"))  # (B, T), float like ``causal``
+    with torch.no_grad():
+        out = encoder(emb, mask=causal, src_key_padding_mask=padding)
+        expected = model.head(out[batch.lengths - 1, torch.arange(4)], batch.user)
+        torch.testing.assert_close(model(batch), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_pointer_matches_reference_formulation():
+    """Stock pre-norm encoder and the V45 pointer/generator/gate arithmetic with -inf padding."""
+    model = small("pointer").eval()
+    with torch.no_grad():
+        model.position_bias.normal_()
+    encoder = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(64, 4, 128, 0.15, activation="gelu", batch_first=True, norm_first=True),
+        2,
+        enable_nested_tensor=False,
+    ).eval()
+    encoder.load_state_dict({k: v for k, v in model.state_dict().items() if k.startswith("layers.")})
+    batch = make_batch([3, 11, 1, 6], seed=2)
+    m, (b, t), lengths, loc = model, batch.loc.shape, batch.lengths, batch.loc
+    pos = torch.arange(t).unsqueeze(0).expand(b, -1)
+    from_end = (lengths.unsqueeze(1) - pos).clamp(0, 63)
+    features = [m.loc_emb(loc), m.user_emb(batch.user).unsqueeze(1).expand(-1, t, -1), m.time_emb(batch.time)]
+    features += [m.weekday_emb(batch.weekday), m.recency_emb(batch.diff), m.duration_emb(batch.duration)]
+    hidden = m.input_norm(m.input_proj(torch.cat([*features, m.pos_from_end_emb(from_end)], -1)))
+    padding = pos >= lengths.unsqueeze(1)
+    with torch.no_grad():
+        enc = encoder(hidden + m.pos_encoding[:t], src_key_padding_mask=padding)
+        ctx = enc[torch.arange(b), lengths - 1]
+        scores = (
+            torch.bmm(m.pointer_query(ctx).unsqueeze(1), m.pointer_key(enc).transpose(1, 2)).squeeze(1) / 8
+        )
+        scores = (scores + m.position_bias[from_end]).masked_fill(padding, float("-inf"))
+        ptr = torch.zeros(b, V).scatter_add_(1, loc, torch.softmax(scores, -1))
+        gate = torch.sigmoid(m.ptr_gen_gate(ctx))
+        expected = torch.log(gate * ptr + (1 - gate) * torch.softmax(m.gen_head(ctx), -1) + 1e-10)
+        torch.testing.assert_close(model(batch), expected, rtol=1e-5, atol=1e-5)
+
+
+# --- precision / device ----------------------------------------------------------------------------
+
+
+def _devices_and_dtypes() -> list[tuple[str, torch.dtype]]:
+    cases = [("cpu", torch.bfloat16)]
+    if torch.cuda.is_available():
+        cases += [("cuda", torch.float16), ("cuda", torch.bfloat16)]
+    return cases
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("device", "dtype"), _devices_and_dtypes())
+def test_autocast(kind, device, dtype):
+    model = small(kind, **({"diagonal_mask": True} if kind == "mhsa" else {})).to(device).train()
+    batch = make_batch([1, 6, 3, 12]).to(device)
+    with torch.autocast(device_type=device, dtype=dtype):
+        out = model(batch)
+        loss = (F.nll_loss if OUTPUT_IS_LOG_PROB[kind] else F.cross_entropy)(out.float(), batch.target)
+    loss.backward()
+    assert out.device.type == device
+    assert out.shape == (4, V)
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(loss)
+    if kind == "pointer":
+        assert out.dtype == torch.float32
+        assert torch.allclose(out.exp().sum(-1), torch.ones(4, device=device), atol=1e-5)
+
+
+# --- learning ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tiny_overfit(kind):
+    model = small(kind).train()
+    batch = make_batch(list(range(1, 17)), seed=5)  # 16 samples, lengths 1..16
+    loss_fn = F.nll_loss if OUTPUT_IS_LOG_PROB[kind] else F.cross_entropy
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        optimiser.zero_grad()
+        loss = loss_fn(model(batch), batch.target)
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_models_package_does_not_import_orchestration_or_tracking():
+    code = "import sys, nextloc.models; bad = {'prefect', 'mlflow'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_build_model_returns_registered_classes(kind):
+    config_cls, model_cls = MODEL_REGISTRY[kind]
+    model = build_model(kind, V, U, dropout=0.3)
+    assert isinstance(model, model_cls)
+    assert model.config == config_cls(total_loc_num=V, total_user_num=U, dropout=0.3)
