@@ -75,7 +75,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="the main job: find (or unpack, or download) GeoLife, preprocess, train, evaluate.")
     r.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    r.add_argument("--model", default="markov,mhsa,pointer")
+    r.add_argument("--model", default="markov,mhsa,pointer_plus")
     r.add_argument("--seeds", default="0")
     r.add_argument("--device", default="auto")
     r.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE")
@@ -87,7 +87,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train/evaluate models on preprocessed samples; every run goes to MLflow.")
     t.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    t.add_argument("--model", default="markov,mhsa,pointer", help="comma list of: mhsa, pointer, lstm, markov, most_frequent, last_location")
+    t.add_argument("--model", default="markov,mhsa,pointer_plus", help="comma list of: mhsa, pointer (reference V45), pointer_plus (nextloc), lstm, markov, most_frequent, last_location")
     t.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
     t.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     t.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE", help="model config override, e.g. d_model=96 (all chosen models)")
@@ -97,7 +97,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="evaluate a registered model (default: the champion) on a test split.")
     e.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    e.add_argument("--model", default="pointer")
+    e.add_argument("--model", default="pointer_plus")
     e.add_argument("--alias", default="champion", help="registry alias or version number")
     e.add_argument("--split", default="test", choices=["train", "val", "test"])
     _add_tracking_options(e)
@@ -109,7 +109,7 @@ def _build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_compare)
 
     q = sub.add_parser("predict", help="top-k next locations from the champion model for histories (JSON or parquet).")
-    q.add_argument("--model", default="pointer")
+    q.add_argument("--model", default="pointer_plus")
     q.add_argument("--alias", default="champion")
     q.add_argument("--history", required=True, help="JSON text, a .json file (a history or a list), or a samples .parquet")
     q.add_argument("-k", type=int, default=5)
@@ -200,7 +200,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     model_set, train_set = _kv(args.model_set), _kv(args.train_set)
-    neural = [m for m in models if m in ("mhsa", "pointer", "lstm")]
+    neural = [m for m in models if m in ("mhsa", "pointer", "pointer_plus", "lstm")]
     result = train(
         data_dir=str(args.data_dir),
         models=models,

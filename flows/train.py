@@ -15,7 +15,7 @@ from tasks.caching import Artifact
 from tasks.catalog import Catalog
 from tasks.train import NEURAL, DataRef, TrackingConfig, mlflow_name, train_model_task
 
-DEFAULT_MODELS = ["markov", "mhsa", "pointer"]
+DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus"]
 
 
 @flow(name="train", flow_run_name="train {models} seeds {seeds}", validate_parameters=True)

@@ -59,6 +59,7 @@ class SampleTensors:
 
     def __init__(self, table: pa.Table, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
+        self.table = table
         lengths = table.column("hist_len").to_numpy().astype(np.int64)
         self.n = len(lengths)
         self.max_len = int(lengths.max()) if self.n else 1
@@ -88,6 +89,10 @@ class SampleTensors:
 
     def __len__(self) -> int:
         return self.n
+
+    def concat(self, other: SampleTensors) -> SampleTensors:
+        """Both splits' samples in one set (e.g. train + val for a final refit), on this device."""
+        return SampleTensors(pa.concat_tables([self.table, other.table]), self.device)
 
     def batch(self, index: torch.Tensor) -> Batch:
         """Gather the samples at ``index`` (a 1-D long tensor on this device), trimmed to their max length."""

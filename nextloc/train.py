@@ -65,6 +65,10 @@ class TrainConfig:
     min_epochs: int = 0
     es_delta: float = 1e-3
     lr_drops: int = 2
+    monitor: Literal["val_loss", "val_acc@1", "val_mrr"] = "val_loss"
+    ema_decay: float = 0.0
+    select_best: bool = True
+    refit_on_train_val: bool = False
     drop_last: bool = True
     bucket: bool = True
     amp: bool = True
@@ -74,10 +78,10 @@ class TrainConfig:
 
     @classmethod
     def for_recipe(cls, recipe: str, **overrides: Any) -> TrainConfig:
-        """The reference recipe (``mhsa``, ``lstm`` = ``mhsa``, or ``pointer``) with overrides."""
+        """The recipe of a model kind (``mhsa``/``lstm``, ``pointer``, ``pointer_plus``) with overrides."""
         if recipe in ("mhsa", "lstm"):
             base = cls(recipe="mhsa")
-        elif recipe == "pointer":
+        elif recipe in ("pointer", "pointer_plus"):
             base = cls(
                 recipe="pointer",
                 batch_size=128,
@@ -96,8 +100,15 @@ class TrainConfig:
                 lr_drops=0,
                 drop_last=False,
             )
+            if recipe == "pointer_plus":
+                # nextloc's recipe: select the epoch count on validation MRR with a schedule that anneals
+                # by then, then retrain on train + val for that many epochs (test stays untouched).
+                base = replace(
+                    base, monitor="val_mrr", warmup_epochs=3, decay_epochs=15, max_epochs=20,
+                    patience=3, min_epochs=0, refit_on_train_val=True,
+                )
         else:
-            raise ValueError(f"unknown recipe {recipe!r}; expected one of ['mhsa', 'lstm', 'pointer']")
+            raise ValueError(f"unknown recipe {recipe!r}; expected one of ['mhsa', 'lstm', 'pointer', 'pointer_plus']")
         unknown = set(overrides) - set(asdict(base))
         if unknown:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}")
@@ -117,7 +128,7 @@ class FitResult:
     history: list[dict[str, float]] = field(default_factory=list)
     train_seconds: float = 0.0
     seconds_to_best: float = 0.0
-    train_samples_per_s: float = 0.0
+    train_samples_per_s: float = 0.0  # training batches only (validation excluded)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -177,22 +188,29 @@ def fit(
     scheduler = _scheduler(optimizer, config, steps_per_epoch)
 
     best_state = copy.deepcopy(model.state_dict())
-    best_loss, best_epoch, bad_epochs, drops = math.inf, 0, 0, 0
+    best_score, best_loss, best_epoch, bad_epochs, drops = math.inf, math.inf, 0, 0, 0
     schedule_active = True
     history: list[dict[str, float]] = []
+    ema = torch.optim.swa_utils.AveragedModel(
+        model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(config.ema_decay)
+    ) if config.ema_decay > 0 else None
     start = time.perf_counter()
     seconds_to_best = 0.0
     n_trained = 0
+    train_loop_seconds = 0.0
     epoch = 0
     for epoch in range(1, config.max_epochs + 1):
         if config.recipe == "pointer":
             _set_lr(optimizer, _pointer_lr(epoch - 1, config))
         model.train()
         total, count = 0.0, 0
+        epoch_start = time.perf_counter()
         for batch in train.batches(config.batch_size, shuffle=True, generator=gen, drop_last=config.drop_last, bucket=config.bucket):
             with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
-                out = model(batch)
-                loss = _loss(out, batch.target, log_prob_output, config.label_smoothing)
+                if hasattr(model, "training_loss"):
+                    loss = model.training_loss(batch, config.label_smoothing)
+                else:
+                    loss = _loss(model(batch), batch.target, log_prob_output, config.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
@@ -201,10 +219,14 @@ def fit(
             scaler.update()
             if scheduler is not None and schedule_active:
                 scheduler.step()
+            if ema is not None:
+                ema.update_parameters(model)
             total += loss.detach() * len(batch.target)
             count += len(batch.target)
         n_trained += count
-        val_loss, val_metrics = evaluate_loss(model, val, config, log_prob_output)
+        train_loop_seconds += time.perf_counter() - epoch_start
+        evaluated = ema.module if ema is not None else model
+        val_loss, val_metrics = evaluate_loss(evaluated, val, config, log_prob_output)
         train_loss = float(total / max(count, 1))
         record = {"train_loss": train_loss, "val_loss": val_loss, "lr": optimizer.param_groups[0]["lr"], **{f"val_{k}": v for k, v in val_metrics.items() if k != "n"}}
         history.append(record)
@@ -212,9 +234,11 @@ def fit(
             log_metrics(record, epoch)
         logger.info("epoch %d: train_loss %.4f val_loss %.4f val_acc@1 %.2f", epoch, train_loss, val_loss, val_metrics["acc@1"])
 
-        if val_loss < best_loss - config.es_delta or (config.es_delta == 0 and val_loss < best_loss):
-            best_loss, best_epoch, bad_epochs = val_loss, epoch, 0
-            best_state = copy.deepcopy(model.state_dict())
+        score = val_loss if config.monitor == "val_loss" else -record[config.monitor]
+        if score < best_score - config.es_delta:
+            best_score, best_loss, best_epoch, bad_epochs = score, val_loss, epoch, 0
+            if config.select_best:
+                best_state = copy.deepcopy(evaluated.state_dict())
             seconds_to_best = time.perf_counter() - start
             if checkpoint_path is not None:
                 _save_checkpoint(checkpoint_path, best_state, epoch, best_loss, config)
@@ -233,7 +257,10 @@ def fit(
             group["lr"] *= 0.1
         logger.info("early stop %d: best epoch %d, lr -> %.2e", drops, best_epoch, optimizer.param_groups[0]["lr"])
 
-    model.load_state_dict(best_state)
+    if config.select_best:
+        model.load_state_dict(best_state)
+    elif ema is not None:
+        model.load_state_dict(ema.module.state_dict())
     elapsed = time.perf_counter() - start
     return FitResult(
         model=model,
@@ -243,8 +270,38 @@ def fit(
         history=history,
         train_seconds=elapsed,
         seconds_to_best=seconds_to_best,
-        train_samples_per_s=n_trained / max(elapsed, 1e-9),
+        train_samples_per_s=n_trained / max(train_loop_seconds, 1e-9),
     )
+
+
+def fit_model(
+    build: Callable[[], nn.Module],
+    train: SampleTensors,
+    val: SampleTensors,
+    config: TrainConfig,
+    *,
+    log_prob_output: bool,
+    log_metrics: LogMetrics | None = None,
+) -> tuple[FitResult, FitResult | None]:
+    """``fit`` a fresh model; with ``refit_on_train_val``, then retrain a fresh one on train + val.
+
+    The refit runs exactly the selected number of epochs with the same schedule and keeps its final
+    weights (validation is part of its training data, so it selects nothing).
+
+    Returns:
+        ``(selection, refit)``: the selection run (its validation metrics are the honest ones) and the
+        refit run, or ``None`` without ``refit_on_train_val``. The model to use is ``(refit or selection).model``.
+    """
+    selection = fit(build(), train, val, config, log_prob_output=log_prob_output, log_metrics=log_metrics)
+    if not config.refit_on_train_val:
+        return selection, None
+    final_config = replace(
+        config, max_epochs=max(1, selection.best_epoch), min_epochs=0, patience=10**9,
+        select_best=False, refit_on_train_val=False,
+    )
+    logger.info("refit on train + val for %d epochs", final_config.max_epochs)
+    refit = fit(build(), train.concat(val), val, final_config, log_prob_output=log_prob_output)
+    return selection, refit
 
 
 @torch.no_grad()

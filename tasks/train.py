@@ -19,12 +19,12 @@ from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
 from nextloc.sequences import SPLITS
 from nextloc.serving import pack_histories
 from nextloc.storage import write_json
-from nextloc.train import TrainConfig, fit, predict_scores, resolve_device
+from nextloc.train import TrainConfig, fit_model, predict_scores, resolve_device
 from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.plots import plot_per_user, plot_training_curves
 
-NEURAL = ("mhsa", "pointer", "lstm")
+NEURAL = ("mhsa", "pointer", "pointer_plus", "lstm")
 BASELINES = {"markov": MarkovBaseline, "most_frequent": MostFrequentBaseline, "last_location": LastLocationBaseline}
 MODEL_KINDS = (*NEURAL, *BASELINES)
 RESULT_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
@@ -118,23 +118,32 @@ def train_model_task(
 
 def _train_neural(kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev) -> dict[str, Any]:
     overrides = dict(model_overrides)
-    if kind == "pointer":
+    if kind.startswith("pointer"):
         overrides.setdefault("max_seq_len", int(meta["max_hist_len"]) + 10)
-    torch.manual_seed(seed)
-    model = build_model(kind, vocab["total_loc_num"], vocab["total_user_num"], **overrides).to(dev)
+
+    def build() -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return build_model(kind, vocab["total_loc_num"], vocab["total_user_num"], **overrides).to(dev)
+
     cfg = TrainConfig.for_recipe(kind, seed=seed, **train_overrides)
-    fitted = fit(model, splits["train"], splits["val"], cfg, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
-    model_cfg = getattr(model, "config", None)
+    selection, refit = fit_model(build, splits["train"], splits["val"], cfg, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
+    final = refit or selection
+    model_cfg = getattr(final.model, "config", None)
     params = {f"model.{k}": v for k, v in (asdict(model_cfg) if model_cfg is not None else {}).items()}
     params.update({f"train.{k}": v for k, v in asdict(cfg).items()})
+    timing = {
+        "train_seconds": selection.train_seconds + (refit.train_seconds if refit else 0.0),
+        "seconds_to_best": selection.seconds_to_best,
+        "train_samples_per_s": selection.train_samples_per_s,
+    }
     return {
-        "model": fitted.model,
-        "scorer": lambda batch: fitted.model(batch),
-        "history": fitted.history,
-        "best_epoch": fitted.best_epoch,
+        "model": final.model,
+        "selection_model": selection.model if refit else None,
+        "history": selection.history,
+        "best_epoch": selection.best_epoch,
         "params": params,
-        "n_params": count_parameters(fitted.model),
-        "timing": {"train_seconds": fitted.train_seconds, "seconds_to_best": fitted.seconds_to_best, "train_samples_per_s": fitted.train_samples_per_s},
+        "n_params": count_parameters(final.model),
+        "timing": timing,
         "log_prob": OUTPUT_IS_LOG_PROB[kind],
     }
 
@@ -147,8 +156,10 @@ def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
 def _summarise(result: dict[str, Any], splits: dict[str, SampleTensors]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for split in ("val", "test"):
-        if result["model"] is not None:
-            acc = predict_scores(result["model"], splits[split])
+        # validation metrics come from the model selected on validation; a refit model has seen val
+        model = result.get("selection_model") if split == "val" and result.get("selection_model") is not None else result["model"]
+        if model is not None:
+            acc = predict_scores(model, splits[split])
         else:
             acc = MetricAccumulator()
             with torch.no_grad():

@@ -19,11 +19,17 @@ from nextloc.models.pointer import PointerConfig, PointerGenerator
 MODEL_REGISTRY: dict[str, tuple[type, type[nn.Module]]] = {
     "mhsa": (MHSAConfig, MHSA),
     "pointer": (PointerConfig, PointerGenerator),
+    "pointer_plus": (PointerConfig, PointerGenerator),
     "lstm": (LSTMConfig, LSTMModel),
 }
 
+# Defaults that differ from the config dataclass's reference values, per kind. ``pointer`` is the reference
+# Pointer V45; ``pointer_plus`` is nextloc's improved variant (causal encoder; trained with the
+# ``pointer_plus`` recipe, see :mod:`nextloc.train`).
+MODEL_PRESETS: dict[str, dict[str, Any]] = {"pointer_plus": {"causal": True}}
+
 # Whether ``forward`` returns log-probabilities (True) or unnormalised logits (False).
-OUTPUT_IS_LOG_PROB: dict[str, bool] = {"mhsa": False, "pointer": True, "lstm": False}
+OUTPUT_IS_LOG_PROB: dict[str, bool] = {"mhsa": False, "pointer": True, "pointer_plus": True, "lstm": False}
 
 
 def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides: Any) -> nn.Module:
@@ -48,7 +54,8 @@ def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides:
     unknown = sorted(set(overrides) - allowed)
     if unknown:
         raise ValueError(f"unknown {kind!r} config key(s) {unknown}; allowed: {sorted(allowed)}")
-    config = config_cls(total_loc_num=total_loc_num, total_user_num=total_user_num, **overrides)
+    params = {**MODEL_PRESETS.get(kind, {}), **overrides}
+    config = config_cls(total_loc_num=total_loc_num, total_user_num=total_user_num, **params)
     return model_cls(config)
 
 
@@ -59,6 +66,7 @@ def count_parameters(model: nn.Module) -> int:
 
 __all__ = [
     "MHSA",
+    "MODEL_PRESETS",
     "MODEL_REGISTRY",
     "OUTPUT_IS_LOG_PROB",
     "LSTMConfig",

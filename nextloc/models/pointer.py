@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nextloc.data import Batch
@@ -58,6 +59,11 @@ class PointerConfig:
             Sizes the sinusoidal table, the position-from-end embedding (``M + 1`` rows, indices clamped to
             ``M - 1``) and the pointer position bias (``M``).
         use_frequency_bias: add the learned copy prior ``beta * log(1 + count)`` to the pointer scores.
+        causal: causal self-attention (position ``t`` sees positions ``<= t``); the reference is bidirectional.
+        dense_loss_weight: with ``causal``, also train every history position to predict the next history
+            location (pointer over the positions up to it), weighted by this factor; the main loss on the
+            real target is unchanged. This multiplies the training signal by the history length at no
+            extra encoder cost.
     """
 
     total_loc_num: int
@@ -69,6 +75,8 @@ class PointerConfig:
     dropout: float = 0.15
     max_seq_len: int = 64
     use_frequency_bias: bool = False
+    causal: bool = False
+    dense_loss_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.d_model % 4:
@@ -77,6 +85,8 @@ class PointerConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}")
         if self.max_seq_len < 1:
             raise ValueError(f"max_seq_len={self.max_seq_len} must be >= 1")
+        if self.dense_loss_weight and not self.causal:
+            raise ValueError("dense_loss_weight > 0 needs causal=True (earlier positions must not see later ones)")
 
 
 class PointerGenerator(nn.Module):
@@ -124,8 +134,36 @@ class PointerGenerator(nn.Module):
         Returns:
             ``(B, total_loc_num)`` float32 log-probabilities (``exp`` sums to 1 up to ``V * 1e-10``).
         """
+        hidden, valid, pos_from_end = self._encode(batch)
+        context = last_valid(hidden, batch.lengths).unsqueeze(1)  # (B, 1, d)
+        keys_allowed = valid.unsqueeze(1)  # (B, 1, T)
+        return self._mix(context, hidden, keys_allowed, pos_from_end.unsqueeze(1), batch.loc).squeeze(1)
+
+    def training_loss(self, batch: Batch, label_smoothing: float) -> torch.Tensor:
+        """Cross-entropy on the target, plus (``dense_loss_weight``) next-location losses inside the history."""
+        if not self.config.dense_loss_weight:
+            return F.cross_entropy(self(batch), batch.target, ignore_index=0, label_smoothing=label_smoothing)
+        hidden, valid, _ = self._encode(batch)
+        bsz, width = batch.loc.shape
+        positions = torch.arange(width, device=batch.loc.device)
+        keys_allowed = (positions.unsqueeze(0) <= positions.unsqueeze(1)).unsqueeze(0) & valid.unsqueeze(1)  # (B, T, T)
+        rel = (positions.unsqueeze(1) - positions.unsqueeze(0) + 1).clamp(0, self.config.max_seq_len - 1)  # (T, T)
+        log_probs = self._mix(hidden, hidden, keys_allowed, rel.unsqueeze(0).expand(bsz, -1, -1), batch.loc)  # (B, T, V)
+        rows = torch.arange(bsz, device=batch.loc.device)
+        last = (batch.lengths - 1).clamp(min=0)
+        main = F.cross_entropy(log_probs[rows, last], batch.target, ignore_index=0, label_smoothing=label_smoothing)
+        next_loc = torch.zeros_like(batch.loc)
+        next_loc[:, :-1] = batch.loc[:, 1:] * valid[:, 1:]  # 0 (ignored) past the history
+        aux = F.cross_entropy(
+            log_probs[:, :-1].reshape(-1, log_probs.shape[-1]), next_loc[:, :-1].reshape(-1),
+            ignore_index=0, label_smoothing=label_smoothing,
+        ) if width > 1 else main * 0
+        return main + self.config.dense_loss_weight * aux
+
+    def _encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Encoder states ``(B, T, d)``, the validity mask ``(B, T)`` and positions from the end ``(B, T)``."""
         loc, lengths = batch.loc, batch.lengths
-        bsz, width = loc.shape
+        width = loc.shape[1]
         m = self.config.max_seq_len
         if width > m:
             raise ValueError(f"history width {width} exceeds max_seq_len={m}")
@@ -148,26 +186,44 @@ class PointerGenerator(nn.Module):
         hidden = self.input_norm(self.input_proj(features))  # (B, T, d)
         hidden = hidden + self.pos_encoding[:width].unsqueeze(0)  # (B, T, d)
 
-        allowed = valid.unsqueeze(1).unsqueeze(1)  # (B, 1, 1, T): padding mask only
+        if self.config.causal:
+            causal = torch.ones(width, width, dtype=torch.bool, device=loc.device).tril()  # (T, T)
+            allowed = causal.unsqueeze(0).unsqueeze(0) & valid.unsqueeze(1).unsqueeze(1)  # (B, 1, T, T)
+        else:
+            allowed = valid.unsqueeze(1).unsqueeze(1)  # (B, 1, 1, T): padding mask only
         for layer in self.layers:
             hidden = layer(hidden, allowed)  # (B, T, d)
-        context = last_valid(hidden, lengths)  # (B, d)
+        return hidden, valid, pos_from_end
 
-        # Pointer over history positions, in float32.
-        query = self.pointer_query(context).unsqueeze(1) * (1.0 / math.sqrt(self.config.d_model))  # (B, 1, d)
+    def _mix(
+        self,
+        context: torch.Tensor,
+        hidden: torch.Tensor,
+        keys_allowed: torch.Tensor,
+        key_pos: torch.Tensor,
+        loc: torch.Tensor,
+    ) -> torch.Tensor:
+        """Pointer + generator + gate for ``P`` query states ``context (B, P, d)`` -> ``(B, P, V)`` log-probs.
+
+        ``keys_allowed (B, P, T)``: history positions each query may copy from; ``key_pos (B, P, T)``:
+        position of each key counted back from the query (1 = the query's own position).
+        """
+        bsz, queries, _ = context.shape
+        query = self.pointer_query(context) * (1.0 / math.sqrt(self.config.d_model))  # (B, P, d)
         keys = self.pointer_key(hidden)  # (B, T, d)
-        scores = torch.bmm(query, keys.transpose(1, 2)).squeeze(1).float()  # (B, T)
-        scores = scores + self.position_bias.float()[pos_from_end]  # (B, T)
+        scores = torch.bmm(query, keys.transpose(1, 2)).float()  # (B, P, T)
+        scores = scores + self.position_bias.float()[key_pos]  # (B, P, T)
         if self.freq_bias_scale is not None:
-            same = (loc.unsqueeze(2) == loc.unsqueeze(1)) & valid.unsqueeze(1)  # (B, T, T)
-            counts = same.sum(dim=-1).float()  # (B, T)
-            scores = scores + self.freq_bias_scale.float() * torch.log1p(counts)  # (B, T)
-        scores = scores.masked_fill(~valid, torch.finfo(torch.float32).min)
-        ptr_probs = torch.softmax(scores, dim=-1)  # (B, T); exactly 0 on padding
-        ptr_dist = torch.zeros(bsz, self.config.total_loc_num, device=loc.device, dtype=torch.float32)
-        ptr_dist = ptr_dist.scatter_add(1, loc, ptr_probs)  # (B, V)
+            same = (loc.unsqueeze(2) == loc.unsqueeze(1)).unsqueeze(1) & keys_allowed.unsqueeze(2)  # (B, P, T, T)
+            counts = same.sum(dim=-1).float()  # (B, P, T)
+            scores = scores + self.freq_bias_scale.float() * torch.log1p(counts)  # (B, P, T)
+        scores = scores.masked_fill(~keys_allowed, torch.finfo(torch.float32).min)
+        ptr_probs = torch.softmax(scores, dim=-1) * keys_allowed  # (B, P, T); exactly 0 where not allowed
+        index = loc.unsqueeze(1).expand(-1, queries, -1)  # (B, P, T)
+        ptr_dist = torch.zeros(bsz, queries, self.config.total_loc_num, device=loc.device, dtype=torch.float32)
+        ptr_dist = ptr_dist.scatter_add(2, index, ptr_probs)  # (B, P, V)
 
-        gen_probs = torch.softmax(self.gen_head(context).float(), dim=-1)  # (B, V)
-        gate = torch.sigmoid(self.ptr_gen_gate(context).float())  # (B, 1)
-        mixed = gate * ptr_dist + (1.0 - gate) * gen_probs  # (B, V)
-        return torch.log(mixed + LOG_EPS)  # (B, V)
+        gen_probs = torch.softmax(self.gen_head(context).float(), dim=-1)  # (B, P, V)
+        gate = torch.sigmoid(self.ptr_gen_gate(context).float())  # (B, P, 1)
+        mixed = gate * ptr_dist + (1.0 - gate) * gen_probs  # (B, P, V)
+        return torch.log(mixed + LOG_EPS)  # (B, P, V)

@@ -1,0 +1,187 @@
+"""Benchmark: training throughput of nextloc's trainer against a reference-style loop, same run, same data.
+
+    python benchmarks/train.py --data-dir data/geolife            # MHSA and pointer, 1 seed each
+    python benchmarks/train.py --data-dir data/geolife --five-seeds  # + 5-seed pointer wall time
+
+The reference-style loop is what both reference repositories do: a per-sample ``Dataset`` building
+tensors in ``__getitem__``, a ``pad_sequence`` collate, torch's default thread count, and Acc@k/MRR/NDCG
+computed on every training batch with a ``topk`` and a full ``argsort`` over all locations. It trains the
+same model class with the same recipe, so the ratio isolates the training machinery. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=REPO / "data" / "geolife")
+    parser.add_argument("--models", default="pointer,mhsa")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs for the throughput comparison")
+    parser.add_argument("--five-seeds", action="store_true", help="also time a full 5-seed pointer run (2 workers)")
+    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SEED", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        kind, seed, mode = args.worker
+        print(json.dumps(_run(args.data_dir, kind, int(seed), mode, args.epochs)))
+        return 0
+
+    out: dict = {"machine": {"cpus": os.cpu_count()}, "data_dir": str(args.data_dir), "epochs": args.epochs}
+    for kind in args.models.split(","):
+        ours = _subprocess(args.data_dir, kind, 0, "nextloc", args.epochs)
+        ref = _subprocess(args.data_dir, kind, 0, "reference", args.epochs)
+        out[kind] = {
+            "nextloc": ours,
+            "reference_style": ref,
+            "ratio_train_samples_per_s": round(ours["train_samples_per_s"] / ref["train_samples_per_s"], 2),
+            "ratio_epoch_wall": round(ref["epoch_wall_s"] / ours["epoch_wall_s"], 2),
+        }
+    if args.five_seeds:
+        start = time.perf_counter()
+        procs = []
+        results = []
+        for seed in range(5):
+            procs.append(_spawn(args.data_dir, "pointer", seed, "full", args.epochs))
+            if len(procs) == 2 or seed == 4:
+                results += [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+                procs = []
+        wall = time.perf_counter() - start
+        acc = [r["acc@1"] for r in results]
+        mrr = [r["mrr"] for r in results]
+        out["pointer_5_seeds"] = {
+            "wall_s": round(wall, 1),
+            "workers": 2,
+            "acc@1_mean": round(sum(acc) / 5, 2),
+            "mrr_mean": round(sum(mrr) / 5, 2),
+            "runs": results,
+        }
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _spawn(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> subprocess.Popen:
+    cmd = [sys.executable, __file__, "--data-dir", str(data_dir), "--epochs", str(epochs), "--worker", kind, str(seed), mode]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def _subprocess(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
+    proc = _spawn(data_dir, kind, seed, mode, epochs)
+    stdout, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"worker failed: {kind} {mode}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
+    import torch
+
+    from nextloc.data import SampleTensors
+    from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
+    from nextloc.train import TrainConfig, fit, predict_scores
+
+    meta = json.loads((data_dir / "metadata.json").read_text())
+    overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
+    torch.manual_seed(seed)
+    model = build_model(kind, meta["total_loc_num"], meta["total_user_num"], **overrides)
+    if mode == "reference":
+        return _reference_loop(model, kind, data_dir, seed, epochs)
+    torch.set_num_threads(1)
+    splits = {s: SampleTensors.from_parquet(data_dir / "samples" / f"{s}.parquet") for s in ("train", "val", "test")}
+    limit = {} if mode == "full" else {"max_epochs": epochs, "min_epochs": 0, "patience": 10**6}
+    config = TrainConfig.for_recipe(kind, seed=seed, **limit)
+    start = time.perf_counter()
+    result = fit(model, splits["train"], splits["val"], config, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
+    wall = time.perf_counter() - start
+    metrics = predict_scores(result.model, splits["test"]).compute()
+    return {
+        "train_samples_per_s": round(result.train_samples_per_s, 1),
+        "epoch_wall_s": round(wall / result.epochs, 2),
+        "epochs": result.epochs,
+        "best_epoch": result.best_epoch,
+        "wall_to_best_s": round(result.seconds_to_best, 1),
+        "run_wall_s": round(wall, 1),
+        "n_params": count_parameters(model),
+        **{k: round(v, 2) for k, v in metrics.items() if k != "n"},
+    }
+
+
+def _reference_loop(model, kind: str, data_dir: Path, seed: int, epochs: int) -> dict:
+    """Per-sample dataset + pad_sequence collate + metrics on every batch (the reference trainers' way)."""
+    import pyarrow.parquet as pq
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+    from torch.utils.data import DataLoader, Dataset
+
+    from nextloc.data import Batch
+    from nextloc.train import TrainConfig
+
+    class Samples(Dataset):
+        def __init__(self, path: Path) -> None:
+            self.rows = pq.read_table(path).to_pylist()
+
+        def __len__(self) -> int:
+            return len(self.rows)
+
+        def __getitem__(self, i: int):
+            r = self.rows[i]
+            return (
+                torch.tensor(r["loc_hist"]),
+                torch.tensor(r["target_loc"]),
+                {
+                    "user": torch.tensor(r["user"]),
+                    "time": torch.tensor(r["start_min_hist"]) // 15,
+                    "weekday": torch.tensor(r["weekday_hist"]),
+                    "duration": torch.tensor(r["duration_hist"]) // 30,
+                    "diff": torch.tensor(r["diff_hist"]),
+                },
+            )
+
+    def collate(items):
+        x = pad_sequence([i[0] for i in items])  # (T, B), seq-first as in the reference
+        d = {k: pad_sequence([i[2][k] for i in items]) for k in ("time", "weekday", "duration", "diff")}
+        lengths = torch.tensor([len(i[0]) for i in items])
+        return Batch(loc=x.T, time=d["time"].T, weekday=d["weekday"].T, duration=d["duration"].T, diff=d["diff"].T,
+                     user=torch.stack([i[2]["user"] for i in items]), lengths=lengths,
+                     target=torch.stack([i[1] for i in items]), index=torch.arange(len(items)))
+
+    cfg = TrainConfig.for_recipe(kind, seed=seed)
+    torch.manual_seed(seed)
+    loader = DataLoader(Samples(data_dir / "samples" / "train.parquet"), batch_size=cfg.batch_size, shuffle=True,
+                        drop_last=cfg.drop_last, collate_fn=collate)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr) if kind == "pointer" else torch.optim.Adam(params, lr=cfg.lr)
+    criterion = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=cfg.label_smoothing)
+    n = 0
+    start = time.perf_counter()
+    for _ in range(epochs):
+        model.train()
+        for batch in loader:
+            out = model(batch)
+            loss = criterion(out, batch.target)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
+            optimizer.step()
+            n += len(batch.target)
+            with torch.no_grad():  # the reference's per-batch metrics: topk + argsort over all locations
+                top10 = torch.topk(out, 10, dim=-1).indices
+                _ = (top10 == batch.target[:, None]).any(dim=1).sum()
+                ranks = torch.argsort(torch.argsort(out, dim=-1, descending=True), dim=-1)
+                _ = ranks.gather(1, batch.target[:, None])
+    wall = time.perf_counter() - start
+    return {"train_samples_per_s": round(n / wall, 1), "epoch_wall_s": round(wall / epochs, 2), "threads": torch.get_num_threads()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

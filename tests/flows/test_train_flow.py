@@ -1,0 +1,119 @@
+"""Preprocess -> train flow on the real sample, with a real Prefect API and a temporary MLflow store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
+REPO = Path(__file__).resolve().parents[2]
+SHORT = {"max_epochs": 2, "min_epochs": 0}
+
+
+@pytest.fixture(scope="module")
+def trained(sample_dir, tmp_path_factory):
+    from flows.preprocess import preprocess
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("train")
+    data_dir = root / "data"
+    preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir))
+    uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
+    (root / "mlruns").mkdir()
+    kwargs = dict(
+        data_dir=str(data_dir),
+        models=["markov", "mhsa", "pointer"],
+        seeds=[0, 1],
+        train_overrides={"mhsa": SHORT, "pointer": SHORT},
+        tracking_uri=uri,
+        experiment="test",
+        device="cpu",
+    )
+    result = train(**kwargs)
+    return data_dir, uri, result, kwargs
+
+
+def test_results_files(trained):
+    data_dir, _, result, _ = trained
+    for kind in ("markov", "mhsa", "pointer"):
+        for seed in (0, 1):
+            res = json.loads((data_dir / "results" / kind / f"seed{seed}" / "results.json").read_text())
+            for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n_test", "n_params"):
+                assert key in res
+            assert 0 <= res["acc@1"] <= res["acc@5"] <= res["acc@10"] <= 100
+    assert set(result["leaderboard"]) == {"markov", "mhsa", "pointer"}
+
+
+def test_mlflow_runs_params_metrics_models(trained):
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+
+    _, uri, result, _ = trained
+    tracking.configure(uri, "test")
+    client = MlflowClient()
+    exp = client.get_experiment_by_name("test")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.info.run_id == result["parent_run_id"]]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == result["parent_run_id"]]
+    assert len(parent) == 1 and len(children) == 6
+    pointer = next(r for r in children if r.data.tags["model"] == "pointer")
+    assert pointer.data.params["train.recipe"] == "pointer"
+    assert "model.d_model" in pointer.data.params
+    for key in ("test_acc_at_1", "test_mrr", "best_val_acc_at_1", "best_epoch", "n_params"):
+        assert key in pointer.data.metrics
+    history = client.get_metric_history(pointer.info.run_id, "val_loss")
+    assert [m.step for m in history] == [1, 2]
+    artifacts = {a.path for a in client.list_artifacts(pointer.info.run_id)}
+    assert {"training_curves.png", "per_user_accuracy.png", "results.json"} <= artifacts
+    assert pointer.inputs.dataset_inputs, "dataset lineage (log_input) is missing"
+    for kind in ("mhsa", "pointer"):
+        name = tracking.registered_name(kind)
+        versions = client.search_model_versions(f"name='{name}'")
+        assert len(versions) == 2
+        champion = client.get_model_version_by_alias(name, "champion")
+        scores = {v.version: client.get_run(v.run_id).data.metrics["best_val_acc_at_1"] for v in versions}
+        assert scores[champion.version] == max(scores.values())
+
+
+def test_rerun_reuses_cached_training(trained):
+    from flows.train import train
+
+    data_dir, _, result, kwargs = trained
+    before = {p: p.stat().st_mtime_ns for p in (data_dir / "results").rglob("results.json")}
+    again = train(**kwargs)
+    assert [r["run_id"] for r in again["runs"]] == [r["run_id"] for r in result["runs"]]
+    assert {p: p.stat().st_mtime_ns for p in (data_dir / "results").rglob("results.json")} == before
+
+
+def test_predict_round_trip(trained, tmp_path):
+    """`nextloc predict` on the champion returns the same top-1 as scoring the samples in-process."""
+    data_dir, uri, _, _ = trained
+    samples = data_dir / "samples" / "test.parquet"
+    cmd = [sys.executable, "-m", "flows.cli", "predict", "--model", "pointer", "--history", str(samples),
+           "-k", "3", "--tracking-uri", uri, "--experiment", "test"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True)
+    predictions = json.loads(out.stdout)
+    assert all(len(p) == 3 for p in predictions)
+    assert all(abs(sum(x["probability"] for x in p)) <= 1.0 + 1e-6 for p in predictions)
+
+    from tasks.evaluate import evaluate_registered
+
+    metrics = evaluate_registered("pointer", "champion", data_dir, "test", uri, "test")
+    top1 = [p[0]["location_id"] for p in predictions]
+    import pyarrow.parquet as pq
+
+    targets = pq.read_table(samples).column("target_loc").to_pylist()
+    acc = 100 * sum(int(a == b) for a, b in zip(top1, targets, strict=True)) / len(targets)
+    assert acc == pytest.approx(metrics["acc@1"], abs=1e-6)
+
+    history = {"location": [5, 7, 5], "start_min": [480, 1020, 1100], "weekday": [0, 0, 1],
+               "duration_min": [540, 60, 600], "diff_days": [1, 1, 0], "user": 1}
+    (tmp_path / "h.json").write_text(json.dumps(history))
+    cmd[cmd.index(str(samples))] = str(tmp_path / "h.json")
+    single = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    assert len(single) == 1 and len(single[0]) == 3
