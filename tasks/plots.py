@@ -40,7 +40,7 @@ def plot_per_user(per_user: pd.DataFrame, path: Path, title: str) -> Path:
     frame = per_user.sort_values("acc@1", ascending=False)
     fig, ax = plt.subplots(figsize=(max(6, 0.25 * len(frame)), 4))
     ax.bar(range(len(frame)), frame["acc@1"], color="tab:blue")
-    ax.set_xticks(range(len(frame)), [str(u) for u in frame["user_id"]], rotation=90, fontsize=7)
+    ax.set_xticks(range(len(frame)), [str(u) for u in frame["user"]], rotation=90, fontsize=7)
     ax.set(xlabel="user", ylabel="Acc@1 (%)", title=title, ylim=(0, 100))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

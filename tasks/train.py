@@ -84,11 +84,11 @@ def train_model_task(
     meta = json.loads(Path(data.metadata.path).read_text())
     splits = {s: SampleTensors.from_parquet(Path(data.samples[s].path), dev) for s in SPLITS}
     vocab = {"total_loc_num": meta["total_loc_num"], "total_user_num": meta["total_user_num"]}
-    tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
+    experiment_id = tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
-    with mlflow.start_run(run_name=f"{kind}-seed{seed}", tags=tags) as run:
+    with mlflow.start_run(experiment_id=experiment_id, run_name=f"{kind}-seed{seed}", tags=tags) as run:
         mlflow.log_input(_dataset(data), context="training")
         started = time.perf_counter()
         if kind in NEURAL:
@@ -193,10 +193,11 @@ def _log_artifacts(run_id: str, run_dir: Path, result, summary, kind: str, seed:
 
 def _dataset(data: DataRef):
     """Dataset lineage for ``mlflow.log_input``: the samples folder and their content fingerprint."""
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.dataset_source_registry import get_registered_sources
     from mlflow.data.meta_dataset import MetaDataset
 
-    source = resolve_dataset_source(str(Path(data.samples["train"].path).parent.resolve()))
+    local = next(s for s in get_registered_sources() if s._get_source_type() == "local")
+    source = local(str(Path(data.samples["train"].path).parent.resolve()))
     return MetaDataset(source=source, name="geolife-samples", digest=data.fingerprint[:32])
 
 

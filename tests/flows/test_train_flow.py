@@ -26,9 +26,9 @@ def trained(sample_dir, tmp_path_factory):
     (root / "mlruns").mkdir()
     kwargs = dict(
         data_dir=str(data_dir),
-        models=["markov", "mhsa", "pointer"],
+        models=["markov", "mhsa", "pointer_plus"],
         seeds=[0, 1],
-        train_overrides={"mhsa": SHORT, "pointer": SHORT},
+        train_overrides={"mhsa": SHORT, "pointer_plus": SHORT},
         tracking_uri=uri,
         experiment="test",
         device="cpu",
@@ -39,13 +39,13 @@ def trained(sample_dir, tmp_path_factory):
 
 def test_results_files(trained):
     data_dir, _, result, _ = trained
-    for kind in ("markov", "mhsa", "pointer"):
+    for kind in ("markov", "mhsa", "pointer_plus"):
         for seed in (0, 1):
             res = json.loads((data_dir / "results" / kind / f"seed{seed}" / "results.json").read_text())
             for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n_test", "n_params"):
                 assert key in res
             assert 0 <= res["acc@1"] <= res["acc@5"] <= res["acc@10"] <= 100
-    assert set(result["leaderboard"]) == {"markov", "mhsa", "pointer"}
+    assert set(result["leaderboard"]) == {"markov", "mhsa", "pointer_plus"}
 
 
 def test_mlflow_runs_params_metrics_models(trained):
@@ -61,7 +61,7 @@ def test_mlflow_runs_params_metrics_models(trained):
     parent = [r for r in runs if r.info.run_id == result["parent_run_id"]]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == result["parent_run_id"]]
     assert len(parent) == 1 and len(children) == 6
-    pointer = next(r for r in children if r.data.tags["model"] == "pointer")
+    pointer = next(r for r in children if r.data.tags["model"] == "pointer_plus")
     assert pointer.data.params["train.recipe"] == "pointer"
     assert "model.d_model" in pointer.data.params
     for key in ("test_acc_at_1", "test_mrr", "best_val_acc_at_1", "best_epoch", "n_params"):
@@ -71,7 +71,7 @@ def test_mlflow_runs_params_metrics_models(trained):
     artifacts = {a.path for a in client.list_artifacts(pointer.info.run_id)}
     assert {"training_curves.png", "per_user_accuracy.png", "results.json"} <= artifacts
     assert pointer.inputs.dataset_inputs, "dataset lineage (log_input) is missing"
-    for kind in ("mhsa", "pointer"):
+    for kind in ("mhsa", "pointer_plus"):
         name = tracking.registered_name(kind)
         versions = client.search_model_versions(f"name='{name}'")
         assert len(versions) == 2
@@ -94,7 +94,7 @@ def test_predict_round_trip(trained, tmp_path):
     """`nextloc predict` on the champion returns the same top-1 as scoring the samples in-process."""
     data_dir, uri, _, _ = trained
     samples = data_dir / "samples" / "test.parquet"
-    cmd = [sys.executable, "-m", "flows.cli", "predict", "--model", "pointer", "--history", str(samples),
+    cmd = [sys.executable, "-m", "flows.cli", "predict", "--model", "pointer_plus", "--history", str(samples),
            "-k", "3", "--tracking-uri", uri, "--experiment", "test"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True)
     predictions = json.loads(out.stdout)
@@ -103,7 +103,7 @@ def test_predict_round_trip(trained, tmp_path):
 
     from tasks.evaluate import evaluate_registered
 
-    metrics = evaluate_registered("pointer", "champion", data_dir, "test", uri, "test")
+    metrics = evaluate_registered("pointer_plus", "champion", data_dir, "test", uri, "test")
     top1 = [p[0]["location_id"] for p in predictions]
     import pyarrow.parquet as pq
 
