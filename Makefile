@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml constraints.txt
 run: install  ## preprocess GeoLife (found via $$NEXTLOC_GEOLIFE_DIR, data/raw/geolife, a local archive, or downloaded)
 	$(BIN)/nextloc run
 
-test: install  ## the whole test suite (full-data tests run when ../shared has the GeoLife archive)
+test: install  ## lint + the whole test suite (full-data tests run when ../shared has the GeoLife archive)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 test-fast: install

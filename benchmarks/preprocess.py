@@ -15,6 +15,7 @@ protocol written the reference's way (trackintel end to end, pandas row loops).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -30,7 +31,9 @@ ARCHIVE = REPO.parent / "shared" / "data" / "geolife-1.3-raw.tar.xz"
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--raw-dir", type=Path, default=None, help="GeoLife root (default: unpack ../shared archive)")
+    parser.add_argument(
+        "--raw-dir", type=Path, default=None, help="GeoLife root (default: unpack ../shared archive)"
+    )
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "nextloc-bench")
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--worker", choices=["nextloc"], help=argparse.SUPPRESS)
@@ -42,12 +45,29 @@ def main() -> int:
     raw = args.raw_dir or _unpack(args.work_dir)
     data_dir = args.work_dir / "out"
     shutil.rmtree(data_dir, ignore_errors=True)
-    env = {**os.environ, "PREFECT_HOME": str(args.work_dir / "prefect"), "DO_NOT_TRACK": "true",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
-    worker = [sys.executable, __file__, "--worker", "nextloc", "--raw-dir", str(raw), "--data-dir", str(data_dir)]
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(args.work_dir / "prefect"),
+        "DO_NOT_TRACK": "true",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
+    worker = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "nextloc",
+        "--raw-dir",
+        str(raw),
+        "--data-dir",
+        str(data_dir),
+    ]
     _measure(worker, env)  # warm the Prefect DB and numba's on-disk cache; not reported
     shutil.rmtree(data_dir, ignore_errors=True)
-    results: dict = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "raw_dir": str(raw)}
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "raw_dir": str(raw),
+    }
     results["nextloc_cold"] = _measure(worker, env)
     results["nextloc_cached"] = _measure(worker, env)
     meta = json.loads((data_dir / "metadata.json").read_text())
@@ -61,7 +81,9 @@ def main() -> int:
         results["ratio"] = {
             "cold_speedup_wall": round(ref_wall / results["nextloc_cold"]["wall_s"], 2),
             "cached_speedup_wall": round(ref_wall / results["nextloc_cached"]["wall_s"], 2),
-            "peak_rss_ratio": round(results["reference"]["peak_rss_mb"] / results["nextloc_cold"]["peak_rss_mb"], 2),
+            "peak_rss_ratio": round(
+                results["reference"]["peak_rss_mb"] / results["nextloc_cold"]["peak_rss_mb"], 2
+            ),
         }
     json.dump(results, sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -77,7 +99,11 @@ def _worker(raw: Path, data_dir: Path) -> int:
 
     start = time.perf_counter()
     result = preprocess(raw_dir=str(raw), data_dir=str(data_dir))
-    print(json.dumps({"flow_wall_s": round(time.perf_counter() - start, 2), "n_samples": result["stats"]["n_samples"]}))
+    print(
+        json.dumps(
+            {"flow_wall_s": round(time.perf_counter() - start, 2), "n_samples": result["stats"]["n_samples"]}
+        )
+    )
     return 0
 
 
@@ -95,18 +121,26 @@ def _measure(cmd: list[str], env: dict[str, str]) -> dict:
     """Wall time, CPU time and peak RSS of one command, measured by a wrapper process of its own."""
     with tempfile.NamedTemporaryFile(suffix=".json") as usage_file:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", _WRAPPER, usage_file.name, *cmd], env=env, cwd=REPO, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _WRAPPER, usage_file.name, *cmd],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - start
         usage = json.loads(Path(usage_file.name).read_text() or "{}")
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"benchmark command failed: {' '.join(cmd)}")
-    out = {"wall_s": round(wall, 2), "cpu_s": round(usage["cpu_s"], 2), "peak_rss_mb": round(usage["maxrss_kb"] / 1024, 1)}
+    out = {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage["cpu_s"], 2),
+        "peak_rss_mb": round(usage["maxrss_kb"] / 1024, 1),
+    }
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "{}"
-    try:
+    with contextlib.suppress(json.JSONDecodeError):
         out.update(json.loads(last))
-    except json.JSONDecodeError:
-        pass
     return out
 
 

@@ -73,29 +73,59 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_config_options(p)
     p.set_defaults(func=_cmd_preprocess)
 
-    r = sub.add_parser("run", help="the main job: find (or unpack, or download) GeoLife, preprocess, train, evaluate.")
+    r = sub.add_parser(
+        "run", help="the main job: find (or unpack, or download) GeoLife, preprocess, train, evaluate."
+    )
     r.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     r.add_argument("--model", default="markov,mhsa,pointer_plus")
     r.add_argument("--seeds", default="0")
     r.add_argument("--device", default="auto")
+    r.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     r.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE")
     r.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE")
     _add_tracking_options(r)
-    r.add_argument("--raw-dir", default=None, help=f"default: $NEXTLOC_GEOLIFE_DIR, {DEFAULT_RAW_DIR}, a local archive, or download")
+    r.add_argument(
+        "--raw-dir",
+        default=None,
+        help=f"default: $NEXTLOC_GEOLIFE_DIR, {DEFAULT_RAW_DIR}, a local archive, or download",
+    )
     _add_config_options(r)
     r.set_defaults(func=_cmd_run)
 
-    t = sub.add_parser("train", help="train/evaluate models on preprocessed samples; every run goes to MLflow.")
+    t = sub.add_parser(
+        "train", help="train/evaluate models on preprocessed samples; every run goes to MLflow."
+    )
     t.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    t.add_argument("--model", default="markov,mhsa,pointer_plus", help="comma list of: mhsa, pointer (reference V45), pointer_plus (nextloc), lstm, markov, most_frequent, last_location")
+    t.add_argument(
+        "--model",
+        default="markov,mhsa,pointer_plus",
+        help="comma list of: mhsa, pointer (reference V45), pointer_plus (nextloc), lstm, markov, most_frequent, last_location",
+    )
     t.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
     t.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    t.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE", help="model config override, e.g. d_model=96 (all chosen models)")
-    t.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE", help="training override, e.g. max_epochs=5")
+    t.add_argument(
+        "--workers", type=int, default=min(2, os.cpu_count() or 1), help="trainings at once (processes)"
+    )
+    t.add_argument(
+        "--model-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model config override, e.g. d_model=96 (all chosen models)",
+    )
+    t.add_argument(
+        "--train-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="training override, e.g. max_epochs=5",
+    )
     _add_tracking_options(t)
     t.set_defaults(func=_cmd_train)
 
-    e = sub.add_parser("evaluate", help="evaluate a registered model (default: the champion) on a test split.")
+    e = sub.add_parser(
+        "evaluate", help="evaluate a registered model (default: the champion) on a test split."
+    )
     e.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     e.add_argument("--model", default="pointer_plus")
     e.add_argument("--alias", default="champion", help="registry alias or version number")
@@ -108,10 +138,16 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_tracking_options(c)
     c.set_defaults(func=_cmd_compare)
 
-    q = sub.add_parser("predict", help="top-k next locations from the champion model for histories (JSON or parquet).")
+    q = sub.add_parser(
+        "predict", help="top-k next locations from the champion model for histories (JSON or parquet)."
+    )
     q.add_argument("--model", default="pointer_plus")
     q.add_argument("--alias", default="champion")
-    q.add_argument("--history", required=True, help="JSON text, a .json file (a history or a list), or a samples .parquet")
+    q.add_argument(
+        "--history",
+        required=True,
+        help="JSON text, a .json file (a history or a list), or a samples .parquet",
+    )
     q.add_argument("-k", type=int, default=5)
     _add_tracking_options(q)
     q.set_defaults(func=_cmd_predict)
@@ -125,15 +161,27 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_tracking_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tracking-uri", default=os.environ.get("MLFLOW_TRACKING_URI"), help="default: sqlite:///mlruns/mlflow.db")
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="default: sqlite:///mlruns/mlflow.db",
+    )
     parser.add_argument("--experiment", default="nextloc-geolife")
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=None, help="YAML config (its 'preprocess' section)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key"
+    )
     for key, default in flatten(PreprocessConfig()).items():
-        parser.add_argument(f"--{key}", dest=f"cfg::{key}", default=None, metavar=type(default).__name__.upper(), help=f"(default {default})")
+        parser.add_argument(
+            f"--{key}",
+            dest=f"cfg::{key}",
+            default=None,
+            metavar=type(default).__name__.upper(),
+            help=f"(default {default})",
+        )
 
 
 def _config_from_args(args: argparse.Namespace) -> PreprocessConfig:
@@ -195,13 +243,16 @@ def _kv(items: list[str]) -> dict[str, Any]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from prefect.task_runners import ProcessPoolTaskRunner
+
     from flows.train import train
 
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     model_set, train_set = _kv(args.model_set), _kv(args.train_set)
     neural = [m for m in models if m in ("mhsa", "pointer", "pointer_plus", "lstm")]
-    result = train(
+    runner = ProcessPoolTaskRunner(max_workers=max(1, args.workers))
+    result = train.with_options(task_runner=runner)(
         data_dir=str(args.data_dir),
         models=models,
         seeds=seeds,
@@ -218,7 +269,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from tasks.evaluate import evaluate_registered
 
-    metrics = evaluate_registered(args.model, args.alias, Path(args.data_dir), args.split, args.tracking_uri, args.experiment)
+    metrics = evaluate_registered(
+        args.model, args.alias, Path(args.data_dir), args.split, args.tracking_uri, args.experiment
+    )
     from rich.console import Console
 
     Console().print_json(json.dumps(metrics))
@@ -228,7 +281,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from tasks.evaluate import leaderboard_from_mlflow
 
-    board, note = leaderboard_from_mlflow(args.tracking_uri, args.experiment, latest_data_only=not args.all_data)
+    board, note = leaderboard_from_mlflow(
+        args.tracking_uri, args.experiment, latest_data_only=not args.all_data
+    )
     _print_leaderboard(board, note)
     return 0
 
@@ -236,7 +291,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_predict(args: argparse.Namespace) -> int:
     from tasks.evaluate import predict_top_k
 
-    predictions = predict_top_k(args.model, args.alias, args.history, args.k, args.tracking_uri, args.experiment)
+    predictions = predict_top_k(
+        args.model, args.alias, args.history, args.k, args.tracking_uri, args.experiment
+    )
     sys.stdout.write(json.dumps(predictions, indent=2) + "\n")
     return 0
 
@@ -252,7 +309,9 @@ def _print_leaderboard(board: dict[str, Any], caption: str) -> None:
     for key in keys:
         table.add_column(key, justify="right")
     for kind, row in sorted(board.items(), key=lambda kv: -kv[1]["acc@1"]["mean"]):
-        table.add_row(kind, str(row["acc@1"]["n"]), *(f"{row[k]['mean']:.2f} +- {row[k]['std']:.2f}" for k in keys))
+        table.add_row(
+            kind, str(row["acc@1"]["n"]), *(f"{row[k]['mean']:.2f} +- {row[k]['std']:.2f}" for k in keys)
+        )
     Console().print(table)
 
 
@@ -285,4 +344,3 @@ def _print_summary(result: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -29,7 +29,9 @@ from tasks.preprocess import (
     task_runner=ThreadPoolTaskRunner(max_workers=max(2, os.cpu_count() or 2)),
     validate_parameters=True,
 )
-def preprocess(raw_dir: str, data_dir: str = "data/geolife", config: PreprocessConfig | None = None) -> dict[str, Any]:
+def preprocess(
+    raw_dir: str, data_dir: str = "data/geolife", config: PreprocessConfig | None = None
+) -> dict[str, Any]:
     """Turn a GeoLife ``Data/`` tree into staypoints, samples and metadata under ``data_dir``.
 
     Every task is cached on its inputs' content fingerprints, its config and the library code: a rerun on
@@ -44,7 +46,12 @@ def preprocess(raw_dir: str, data_dir: str = "data/geolife", config: PreprocessC
     users, discovery = discover_raw_users(raw_dir, catalog)
 
     # Per user (mapped in parallel): positionfixes, then staypoints
-    ingested = _run_mapped(ingest_user.with_options(**store), "user", users, out_path=[str(catalog.positionfixes(u.user_id)) for u in users])
+    ingested = _run_mapped(
+        ingest_user.with_options(**store),
+        "user",
+        users,
+        out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
+    )
     staypoints = _run_mapped(
         generate_staypoints_user.with_options(**store),
         "ingested",
@@ -56,7 +63,9 @@ def preprocess(raw_dir: str, data_dir: str = "data/geolife", config: PreprocessC
     ingest_summary = write_ingest_report(discovery, ingested, catalog)
 
     # Dataset level: quality filter + DBSCAN, then samples
-    located, located_stats = _ensure(locate_staypoints_task.with_options(**store), staypoints, config, str(catalog.located))
+    located, located_stats = _ensure(
+        locate_staypoints_task.with_options(**store), staypoints, config, str(catalog.located)
+    )
     input_fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
     upstream = {
         **located_stats,
@@ -66,7 +75,9 @@ def preprocess(raw_dir: str, data_dir: str = "data/geolife", config: PreprocessC
         "rows_skipped": ingest_summary["rows_skipped"],
         "files_skipped": ingest_summary["files_skipped"],
     }
-    dataset: DatasetResult = _ensure(build_dataset_task.with_options(**store), located, config, input_fingerprint, upstream, catalog)
+    dataset: DatasetResult = _ensure(
+        build_dataset_task.with_options(**store), located, config, input_fingerprint, upstream, catalog
+    )
     logger.info(
         "preprocess done: %d users, total_loc_num %d, samples %s -> %s",
         dataset.stats["n_users"]["train"],

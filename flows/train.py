@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
+from prefect.task_runners import ProcessPoolTaskRunner
 
 from nextloc.fingerprint import hash_file
 from nextloc.sequences import SPLITS
@@ -18,7 +21,12 @@ from tasks.train import NEURAL, DataRef, TrackingConfig, mlflow_name, train_mode
 DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus"]
 
 
-@flow(name="train", flow_run_name="train {models} seeds {seeds}", validate_parameters=True)
+@flow(
+    name="train",
+    flow_run_name="train {models} seeds {seeds}",
+    validate_parameters=True,
+    task_runner=ProcessPoolTaskRunner(max_workers=1),
+)
 def train(
     data_dir: str = "data/geolife",
     models: list[str] | None = None,
@@ -33,7 +41,10 @@ def train(
     """Train, evaluate (best checkpoint) and register each model; promote the best run of each kind.
 
     One MLflow parent run per flow run, one child run per model and seed. Each (model, seed) task is
-    cached on the samples' content fingerprint, its configuration and the code.
+    cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
+    processes (``with_options(task_runner=ProcessPoolTaskRunner(max_workers=n))`` runs ``n`` at once;
+    separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
+    these small models train about twice as fast that way.
     """
     logger = get_run_logger()
     models = models or DEFAULT_MODELS
@@ -45,25 +56,42 @@ def train(
     parent = client.create_run(
         experiment_id,
         run_name=f"pipeline {flow_run.get_name() or ''}".strip(),
-        tags={"prefect.flow_run_id": str(flow_run.get_id() or ""), "data_fingerprint": data.fingerprint, "kind": "pipeline"},
+        tags={
+            "prefect.flow_run_id": str(flow_run.get_id() or ""),
+            "data_fingerprint": data.fingerprint,
+            "kind": "pipeline",
+        },
     )
     parent_id = parent.info.run_id
     client.log_param(parent_id, "models", ",".join(models))
     client.log_param(parent_id, "seeds", ",".join(map(str, seeds)))
-    results = []
     store = {"result_storage": Catalog(data.data_dir).cache}
+    _share_api_with_workers()
     try:
-        for kind in models:
-            for seed in seeds:
-                results.append(
-                    train_model_task.with_options(**store)(
-                        kind, seed, data, (model_overrides or {}).get(kind, {}), (train_overrides or {}).get(kind, {}),
-                        tracking_cfg, parent_id, device,
-                    )
-                )
-        decisions = {kind: tracking.promote_champion(kind, mlflow_name(promote_metric), data.fingerprint) for kind in models if kind in NEURAL}
+        futures = [
+            train_model_task.with_options(**store).submit(
+                kind,
+                seed,
+                data,
+                (model_overrides or {}).get(kind, {}),
+                (train_overrides or {}).get(kind, {}),
+                tracking_cfg,
+                parent_id,
+                device,
+            )
+            for kind in models
+            for seed in seeds
+        ]
+        results = [f.result() for f in futures]
+        decisions = {
+            kind: tracking.promote_champion(kind, mlflow_name(promote_metric), data.fingerprint)
+            for kind in models
+            if kind in NEURAL
+        }
         board = leaderboard(results)
-        tracking.log_dict_artifact(parent_id, {"leaderboard": board, "promotion": decisions, "runs": results}, "leaderboard.json")
+        tracking.log_dict_artifact(
+            parent_id, {"leaderboard": board, "promotion": decisions, "runs": results}, "leaderboard.json"
+        )
         for kind, row in board.items():
             client.log_metric(parent_id, f"{kind}_test_acc_at_1_mean", row["acc@1"]["mean"])
         client.set_terminated(parent_id, "FINISHED")
@@ -74,12 +102,21 @@ def train(
     return {"parent_run_id": parent_id, "leaderboard": board, "promotion": decisions, "runs": results}
 
 
+def _share_api_with_workers() -> None:
+    """Point worker processes at this run's Prefect API (else each would start its own local server)."""
+    if not os.environ.get("PREFECT_API_URL"):
+        with get_client(sync_client=True) as client:
+            os.environ["PREFECT_API_URL"] = str(client.api_url)
+
+
 def dataset_ref(data_dir: str) -> DataRef:
     """Describe the preprocessed dataset under ``data_dir`` (fails clearly if preprocessing has not run)."""
     catalog = Catalog(str(Path(data_dir).resolve()))
     missing = [p for p in [catalog.metadata, *(catalog.samples(s) for s in SPLITS)] if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"preprocessed data missing under {data_dir}: {[str(m) for m in missing]}; run `nextloc preprocess` first")
+        raise FileNotFoundError(
+            f"preprocessed data missing under {data_dir}: {[str(m) for m in missing]}; run `nextloc preprocess` first"
+        )
     samples = {s: Artifact.record(catalog.samples(s), hash_file(catalog.samples(s))) for s in SPLITS}
     return DataRef(str(catalog.root), samples, Artifact.record(catalog.metadata, hash_file(catalog.metadata)))
 
@@ -94,5 +131,9 @@ def leaderboard(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
         board[kind] = {}
         for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1"):
             values = np.array([row[key] for row in rows], dtype=float)
-            board[kind][key] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0, "n": len(values)}
+            board[kind][key] = {
+                "mean": float(values.mean()),
+                "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+                "n": len(values),
+            }
     return board

@@ -47,7 +47,9 @@ class StaypointConfig(_Frozen):
 
     dist_threshold_m: float = Field(200.0, gt=0, description="Leave radius in metres (haversine).")
     time_threshold_min: float = Field(30.0, ge=0, description="Minimum staypoint duration in minutes.")
-    gap_threshold_min: float = Field(1440.0, gt=0, description="A larger gap between fixes resets the window.")
+    gap_threshold_min: float = Field(
+        1440.0, gt=0, description="A larger gap between fixes resets the window."
+    )
     include_last: bool = Field(True, description="Turn the trailing window into a staypoint if long enough.")
     exclude_duplicate_pfs: bool = Field(True, description="Drop exact duplicate positionfixes first.")
     activity_time_threshold_min: float = Field(
@@ -58,7 +60,9 @@ class StaypointConfig(_Frozen):
 class QualityConfig(_Frozen):
     """User tracking-quality filter (reference ``calculate_user_quality``)."""
 
-    day_filter: int = Field(50, ge=0, description="Keep users whose tracked span is more than this many days.")
+    day_filter: int = Field(
+        50, ge=0, description="Keep users whose tracked span is more than this many days."
+    )
     window_weeks: int = Field(10, ge=1, description="Sliding window length in weeks; shorter spans drop out.")
     tripleg_gap_threshold_min: float = Field(15.0, gt=0, description="Temporal gap that splits triplegs.")
 
@@ -157,7 +161,9 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         if data is None:  # an empty ``preprocess:`` section: the defaults
             data = {}
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: 'preprocess' must be a mapping of config keys, got {type(data).__name__}")
+            raise ValueError(
+                f"{path}: 'preprocess' must be a mapping of config keys, got {type(data).__name__}"
+            )
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")

@@ -41,7 +41,9 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """Move every tensor (``non_blocking`` overlaps the copy with compute when memory is pinned)."""
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+        return Batch(
+            **{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)}
+        )
 
     @property
     def padding_mask(self) -> torch.Tensor:
@@ -99,7 +101,9 @@ class SampleTensors:
         lengths = self._t["lengths"][index]
         width = int(lengths.max()) if len(index) else 1
         seq = {k: self._t[k][index, :width] for k in ("loc", "time", "weekday", "duration", "diff")}
-        return Batch(**seq, user=self._t["user"][index], lengths=lengths, target=self._t["target"][index], index=index)
+        return Batch(
+            **seq, user=self._t["user"][index], lengths=lengths, target=self._t["target"][index], index=index
+        )
 
     def batches(
         self,
@@ -111,10 +115,7 @@ class SampleTensors:
         bucket: bool = False,
     ):
         """Yield batches; ``bucket`` groups similar lengths (shuffled chunks of 50 batches sorted by length)."""
-        if shuffle:
-            order = torch.randperm(self.n, generator=generator)
-        else:
-            order = torch.arange(self.n)
+        order = torch.randperm(self.n, generator=generator) if shuffle else torch.arange(self.n)
         if bucket and shuffle:
             lengths = torch.from_numpy(self.lengths_np)
             chunk = batch_size * 50

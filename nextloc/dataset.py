@@ -109,7 +109,9 @@ def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
     Returns:
         The final staypoints (kept users only, one row per merged staypoint), samples per split and stats.
     """
-    merged = merge_staypoints(located[["user_id", "started_at", "finished_at", "location_id"]], config.locations.merge_max_gap_min)
+    merged = merge_staypoints(
+        located[["user_id", "started_at", "finished_at", "location_id"]], config.locations.merge_max_gap_min
+    )
     merged["location_id"] = merged["location_id"].astype(np.int64)
     sp = assign_split(add_time_features(merged, config.timezone), config.split)
     valid = valid_targets(sp, config.samples)
@@ -120,7 +122,9 @@ def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
     samples = build_samples(sp, sp["is_target"].to_numpy(), config.samples.previous_days)
 
     by_split = {s: sp[sp["split"] == s] for s in SPLITS}
-    max_hist = max((int(np.max(t.column("hist_len").to_numpy())) if t.num_rows else 0) for t in samples.values())
+    max_hist = max(
+        (int(np.max(t.column("hist_len").to_numpy())) if t.num_rows else 0) for t in samples.values()
+    )
     stats = {
         "n_staypoints_merged": int(len(merged)),
         "n_users_merged": n_users_merged,
@@ -128,9 +132,7 @@ def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
         "n_users": {s: int(by_split[s]["user_id"].nunique()) for s in SPLITS},
         "n_staypoints": {s: int(len(by_split[s])) for s in SPLITS},
         "n_samples": {s: int(samples[s].num_rows) for s in SPLITS},
-        "n_unseen_targets": {
-            s: int((samples[s].column("target_loc").to_numpy() == 1).sum()) for s in SPLITS
-        },
+        "n_unseen_targets": {s: int((samples[s].column("target_loc").to_numpy() == 1).sum()) for s in SPLITS},
         "max_hist_len": max_hist,
         **sizes,
     }

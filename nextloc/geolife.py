@@ -333,7 +333,9 @@ def _parse_slow(bodies: list[tuple[Path, memoryview, int]], report: IngestReport
             "latitude": pa.array(cols["latitude"], pa.float64()),
             "longitude": pa.array(cols["longitude"], pa.float64()),
             "altitude_ft": pa.array(cols["altitude_ft"], pa.float64()),
-            "date": pc.cast(pa.array(cols["date"], pa.string()), pa.date32()) if cols["date"] else pa.array([], pa.date32()),
+            "date": pc.cast(pa.array(cols["date"], pa.string()), pa.date32())
+            if cols["date"]
+            else pa.array([], pa.date32()),
             "time": _parse_times(cols["time"]),
         }
     )
@@ -349,7 +351,10 @@ def _parse_row(raw_line: bytes, cols: dict[str, list]) -> tuple[str, str] | None
         return "empty_row", "blank line"
     parts = line.split(",")
     if len(parts) != len(_NAMES):
-        return "field_count", f"expected {len(_NAMES)} comma-separated fields, got {len(parts)}: {line[:80]!r}"
+        return (
+            "field_count",
+            f"expected {len(_NAMES)} comma-separated fields, got {len(parts)}: {line[:80]!r}",
+        )
     try:
         if "_" in parts[0] + parts[1] + parts[3]:  # float() takes "3_9.9"; a CSV number has no "_"
             raise ValueError(parts[0])

@@ -42,7 +42,10 @@ def generate_locations(staypoints: pd.DataFrame, config: LocationConfig | None =
     lon = sp["longitude"].to_numpy(np.float64)
     coords = np.column_stack([lon, lat] if cfg.coordinate_order == "lon_lat" else [lat, lon])
     db = DBSCAN(
-        eps=cfg.epsilon_m / EARTH_RADIUS_M, min_samples=cfg.min_samples, algorithm="ball_tree", metric="haversine"
+        eps=cfg.epsilon_m / EARTH_RADIUS_M,
+        min_samples=cfg.min_samples,
+        algorithm="ball_tree",
+        metric="haversine",
     )
     labels = db.fit_predict(np.deg2rad(coords))
     sp["location_id"] = pd.array(np.where(labels < 0, pd.NA, labels), dtype="Int64")

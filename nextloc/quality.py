@@ -62,7 +62,9 @@ def user_extents(staypoints: pd.DataFrame, tripleg_extents: pd.DataFrame) -> pd.
     Returns:
         One row per user that has a staypoint or a tripleg, sorted by ``user_id``.
     """
-    sp = staypoints.groupby("user_id").agg(started_at=("started_at", "min"), finished_at=("finished_at", "max"))
+    sp = staypoints.groupby("user_id").agg(
+        started_at=("started_at", "min"), finished_at=("finished_at", "max")
+    )
     tpl = tripleg_extents.dropna(subset=["tripleg_start"]).set_index("user_id")
     tpl = tpl.rename(columns={"tripleg_start": "started_at", "tripleg_end": "finished_at"})[
         ["started_at", "finished_at"]

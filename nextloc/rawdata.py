@@ -24,7 +24,9 @@ class RawData:
     source: str
 
 
-def locate_raw_data(default_dir: Path, archive_candidates: list[Path] | None = None, *, download: bool = True) -> RawData:
+def locate_raw_data(
+    default_dir: Path, archive_candidates: list[Path] | None = None, *, download: bool = True
+) -> RawData:
     """Find a GeoLife ``Data/`` tree, in this order.
 
     1. ``$NEXTLOC_GEOLIFE_DIR``;

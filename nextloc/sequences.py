@@ -117,7 +117,9 @@ def filter_users_with_targets(staypoints: pd.DataFrame, valid: np.ndarray) -> pd
     counts = per_split[per_split["valid"]].groupby("user_id")["split"].nunique()
     keep = counts[counts == len(SPLITS)].index
     out = staypoints[staypoints["user_id"].isin(keep)].reset_index(drop=True)
-    logger.info("user filter: %d of %d users have targets in every split", len(keep), staypoints["user_id"].nunique())
+    logger.info(
+        "user filter: %d of %d users have targets in every split", len(keep), staypoints["user_id"].nunique()
+    )
     return out
 
 
@@ -142,7 +144,11 @@ def encode(staypoints: pd.DataFrame, duration_cap_min: int = 2879) -> tuple[pd.D
     users = np.unique(sp["user_id"].to_numpy())
     sp["user"] = (np.searchsorted(users, sp["user_id"].to_numpy()) + 1).astype(np.int64)
     sp["duration_capped"] = np.minimum(sp["duration"].to_numpy(np.int64), duration_cap_min)
-    sizes = {"total_loc_num": int(len(vocab) + 2), "total_user_num": int(len(users) + 1), "n_train_locations": int(len(vocab))}
+    sizes = {
+        "total_loc_num": int(len(vocab) + 2),
+        "total_user_num": int(len(users) + 1),
+        "n_train_locations": int(len(vocab)),
+    }
     return sp, sizes
 
 

@@ -73,7 +73,9 @@ def pack_histories(histories: Sequence[Mapping[str, Any]]) -> np.ndarray:
             raise ValueError(f"history {i}: 'location' is empty")
         for key in PACKED_FEATURES[1:5]:
             if len(hist[key]) != n:
-                raise ValueError(f"history {i}: field {key!r} has {len(hist[key])} values, 'location' has {n}")
+                raise ValueError(
+                    f"history {i}: field {key!r} has {len(hist[key])} values, 'location' has {n}"
+                )
         width = max(width, n)
     out = np.zeros((len(histories), width, len(PACKED_FEATURES)), dtype=np.int64)
     for i, hist in enumerate(histories):

@@ -99,7 +99,9 @@ def generate_staypoints(
         bool(cfg.include_last),
     )
     sp_lat, sp_lon = _centroids(lon, lat, starts, geom_ends)
-    sp_elev = np.array([np.median(elev[s:e]) for s, e in zip(starts, geom_ends, strict=True)], dtype=np.float64)
+    sp_elev = np.array(
+        [np.median(elev[s:e]) for s, e in zip(starts, geom_ends, strict=True)], dtype=np.float64
+    )
 
     staypoints = pd.DataFrame(
         {
@@ -237,7 +239,11 @@ def _centroids(
         return np.empty(0), np.empty(0)
     lengths = ends - starts
     sp_index = np.repeat(np.arange(len(starts)), lengths)
-    point_index = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths) + np.repeat(starts, lengths)
+    point_index = (
+        np.arange(lengths.sum())
+        - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        + np.repeat(starts, lengths)
+    )
     x, y = lon[point_index], lat[point_index]
     order = np.lexsort((y, x, sp_index))
     sp_index, x, y = sp_index[order], x[order], y[order]

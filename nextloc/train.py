@@ -104,11 +104,19 @@ class TrainConfig:
                 # nextloc's recipe: select the epoch count on validation MRR with a schedule that anneals
                 # by then, then retrain on train + val for that many epochs (test stays untouched).
                 base = replace(
-                    base, monitor="val_mrr", warmup_epochs=3, decay_epochs=15, max_epochs=20,
-                    patience=3, min_epochs=0, refit_on_train_val=True,
+                    base,
+                    monitor="val_mrr",
+                    warmup_epochs=3,
+                    decay_epochs=15,
+                    max_epochs=20,
+                    patience=3,
+                    min_epochs=0,
+                    refit_on_train_val=True,
                 )
         else:
-            raise ValueError(f"unknown recipe {recipe!r}; expected one of ['mhsa', 'lstm', 'pointer', 'pointer_plus']")
+            raise ValueError(
+                f"unknown recipe {recipe!r}; expected one of ['mhsa', 'lstm', 'pointer', 'pointer_plus']"
+            )
         unknown = set(overrides) - set(asdict(base))
         if unknown:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}")
@@ -191,9 +199,13 @@ def fit(
     best_score, best_loss, best_epoch, bad_epochs, drops = math.inf, math.inf, 0, 0, 0
     schedule_active = True
     history: list[dict[str, float]] = []
-    ema = torch.optim.swa_utils.AveragedModel(
-        model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(config.ema_decay)
-    ) if config.ema_decay > 0 else None
+    ema = (
+        torch.optim.swa_utils.AveragedModel(
+            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(config.ema_decay)
+        )
+        if config.ema_decay > 0
+        else None
+    )
     start = time.perf_counter()
     seconds_to_best = 0.0
     n_trained = 0
@@ -205,7 +217,9 @@ def fit(
         model.train()
         total, count = 0.0, 0
         epoch_start = time.perf_counter()
-        for batch in train.batches(config.batch_size, shuffle=True, generator=gen, drop_last=config.drop_last, bucket=config.bucket):
+        for batch in train.batches(
+            config.batch_size, shuffle=True, generator=gen, drop_last=config.drop_last, bucket=config.bucket
+        ):
             with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
                 if hasattr(model, "training_loss"):
                     loss = model.training_loss(batch, config.label_smoothing)
@@ -228,11 +242,22 @@ def fit(
         evaluated = ema.module if ema is not None else model
         val_loss, val_metrics = evaluate_loss(evaluated, val, config, log_prob_output)
         train_loss = float(total / max(count, 1))
-        record = {"train_loss": train_loss, "val_loss": val_loss, "lr": optimizer.param_groups[0]["lr"], **{f"val_{k}": v for k, v in val_metrics.items() if k != "n"}}
+        record = {
+            "train_loss": train_loss,
+            "val_loss": val_loss,
+            "lr": optimizer.param_groups[0]["lr"],
+            **{f"val_{k}": v for k, v in val_metrics.items() if k != "n"},
+        }
         history.append(record)
         if log_metrics is not None:
             log_metrics(record, epoch)
-        logger.info("epoch %d: train_loss %.4f val_loss %.4f val_acc@1 %.2f", epoch, train_loss, val_loss, val_metrics["acc@1"])
+        logger.info(
+            "epoch %d: train_loss %.4f val_loss %.4f val_acc@1 %.2f",
+            epoch,
+            train_loss,
+            val_loss,
+            val_metrics["acc@1"],
+        )
 
         score = val_loss if config.monitor == "val_loss" else -record[config.monitor]
         if score < best_score - config.es_delta:
@@ -255,7 +280,9 @@ def fit(
         model.load_state_dict(best_state)
         for group in optimizer.param_groups:
             group["lr"] *= 0.1
-        logger.info("early stop %d: best epoch %d, lr -> %.2e", drops, best_epoch, optimizer.param_groups[0]["lr"])
+        logger.info(
+            "early stop %d: best epoch %d, lr -> %.2e", drops, best_epoch, optimizer.param_groups[0]["lr"]
+        )
 
     if config.select_best:
         model.load_state_dict(best_state)
@@ -296,8 +323,12 @@ def fit_model(
     if not config.refit_on_train_val:
         return selection, None
     final_config = replace(
-        config, max_epochs=max(1, selection.best_epoch), min_epochs=0, patience=10**9,
-        select_best=False, refit_on_train_val=False,
+        config,
+        max_epochs=max(1, selection.best_epoch),
+        min_epochs=0,
+        patience=10**9,
+        select_best=False,
+        refit_on_train_val=False,
     )
     logger.info("refit on train + val for %d epochs", final_config.max_epochs)
     refit = fit(build(), train.concat(val), val, final_config, log_prob_output=log_prob_output)
@@ -335,7 +366,9 @@ def predict_scores(model: nn.Module, data: SampleTensors, batch_size: int = 512)
     return acc
 
 
-def _loss(out: torch.Tensor, target: torch.Tensor, log_prob_output: bool, label_smoothing: float) -> torch.Tensor:
+def _loss(
+    out: torch.Tensor, target: torch.Tensor, log_prob_output: bool, label_smoothing: float
+) -> torch.Tensor:
     # The pointer returns log-probabilities; cross_entropy re-applies log_softmax, which is the identity
     # on a normalised log-distribution, so this is the reference's NLL with label smoothing.
     return F.cross_entropy(out.float(), target, ignore_index=0, label_smoothing=label_smoothing)
@@ -344,8 +377,12 @@ def _loss(out: torch.Tensor, target: torch.Tensor, log_prob_output: bool, label_
 def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if config.recipe == "pointer":
-        return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
-    return torch.optim.Adam(params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay)
+        return torch.optim.AdamW(
+            params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+        )
+    return torch.optim.Adam(
+        params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+    )
 
 
 def _steps_per_epoch(n: int, config: TrainConfig) -> int:

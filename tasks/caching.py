@@ -78,7 +78,9 @@ class ContentInputs(CachePolicy):
 
     exclude: list[str] = field(default_factory=list)
 
-    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
+    def compute_key(
+        self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str | None:
         payload = {k: _stable(v) for k, v in (inputs or {}).items() if k not in self.exclude}
         payload["__nextloc__"] = library_fingerprint()
         return hash_text(json.dumps(payload, sort_keys=True, default=str))

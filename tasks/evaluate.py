@@ -29,7 +29,9 @@ def load_scorer(kind: str, alias: str, tracking_uri: str | None, experiment: str
     return mlflow.pytorch.load_model(model_uri(kind, alias), map_location="cpu").eval()
 
 
-def evaluate_registered(kind: str, alias: str, data_dir: Path, split: str, tracking_uri: str | None, experiment: str) -> dict[str, Any]:
+def evaluate_registered(
+    kind: str, alias: str, data_dir: Path, split: str, tracking_uri: str | None, experiment: str
+) -> dict[str, Any]:
     """Metrics of a registered model on one split of a preprocessed dataset."""
     scorer = load_scorer(kind, alias, tracking_uri, experiment)
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
@@ -41,7 +43,9 @@ def evaluate_registered(kind: str, alias: str, data_dir: Path, split: str, track
     return {"model": model_uri(kind, alias), "split": split, **acc.compute()}
 
 
-def predict_top_k(kind: str, alias: str, history: str, k: int, tracking_uri: str | None, experiment: str) -> list[list[dict[str, float]]]:
+def predict_top_k(
+    kind: str, alias: str, history: str, k: int, tracking_uri: str | None, experiment: str
+) -> list[list[dict[str, float]]]:
     """Top-k next locations with probabilities for histories given as JSON text/file or a samples parquet."""
     packed = _read_histories(history)
     scorer = load_scorer(kind, alias, tracking_uri, experiment)
@@ -50,10 +54,14 @@ def predict_top_k(kind: str, alias: str, history: str, k: int, tracking_uri: str
     return [[{"location_id": loc, "probability": round(p, 6)} for loc, p in row] for row in top_k(probs, k)]
 
 
-def leaderboard_from_mlflow(tracking_uri: str | None, experiment: str, latest_data_only: bool = True) -> tuple[dict, str]:
+def leaderboard_from_mlflow(
+    tracking_uri: str | None, experiment: str, latest_data_only: bool = True
+) -> tuple[dict, str]:
     """Mean +- std over seeds of the best-checkpoint test metrics of every model run in the experiment."""
     tracking.configure(tracking_uri, experiment)
-    runs = mlflow.search_runs(experiment_names=[experiment], filter_string="tags.model != ''", order_by=["start_time DESC"])
+    runs = mlflow.search_runs(
+        experiment_names=[experiment], filter_string="tags.model != ''", order_by=["start_time DESC"]
+    )
     if runs.empty:
         return {}, f"no model runs in experiment {experiment!r}"
     note = f"experiment {experiment!r}, all datasets"
@@ -80,7 +88,9 @@ def leaderboard_from_mlflow(tracking_uri: str | None, experiment: str, latest_da
 def _pack_batch(batch) -> torch.Tensor:
     """A ``Batch`` back into the packed (B, T, 6) form the registered scorer takes."""
     user = batch.user[:, None].expand_as(batch.loc)
-    return torch.stack([batch.loc, batch.time * 15, batch.weekday, batch.duration * 30, batch.diff, user], dim=-1)
+    return torch.stack(
+        [batch.loc, batch.time * 15, batch.weekday, batch.duration * 30, batch.diff, user], dim=-1
+    )
 
 
 def _read_histories(source: str) -> np.ndarray:
@@ -89,8 +99,14 @@ def _read_histories(source: str) -> np.ndarray:
         table = pq.read_table(path)
         rows = table.to_pylist()
         histories = [
-            {"location": r["loc_hist"], "start_min": r["start_min_hist"], "weekday": r["weekday_hist"],
-             "duration_min": r["duration_hist"], "diff_days": r["diff_hist"], "user": r["user"]}
+            {
+                "location": r["loc_hist"],
+                "start_min": r["start_min_hist"],
+                "weekday": r["weekday_hist"],
+                "duration_min": r["duration_hist"],
+                "diff_days": r["diff_hist"],
+                "user": r["user"],
+            }
             for r in rows
         ]
         return pack_histories(histories)

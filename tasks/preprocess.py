@@ -86,24 +86,46 @@ def discover_raw_users(raw_dir: str, catalog: Catalog) -> tuple[list[RawUser], d
         fingerprint = hash_files_memo(files, memo, root=folder)
         found.append(RawUser(user_id, str(folder), fingerprint, len(files)))
     write_json(memo, memo_path)
-    logger.info("found %d user folders (%d .plt files) under %s", len(found), sum(u.n_files for u in found), raw_dir)
+    logger.info(
+        "found %d user folders (%d .plt files) under %s", len(found), sum(u.n_files for u in found), raw_dir
+    )
     return found, report.to_dict()
 
 
-@task(name="ingest-user", task_run_name="ingest user {user.user_id:03d}", cache_policy=CACHE_POLICY, persist_result=True, retries=1)
+@task(
+    name="ingest-user",
+    task_run_name="ingest user {user.user_id:03d}",
+    cache_policy=CACHE_POLICY,
+    persist_result=True,
+    retries=1,
+)
 def ingest_user(user: RawUser, out_path: str) -> IngestResult:
     """Read one user's .plt files into a positionfixes parquet file (one partition of the dataset)."""
     logger = get_run_logger()
     table, report = read_user(user.user_id, list_plt_files(Path(user.path)))
     if report.rows_skipped or report.files_skipped:
-        logger.warning("user %03d: skipped %d rows, %d files: %s", user.user_id, report.rows_skipped, report.files_skipped, dict(report.counts))
+        logger.warning(
+            "user %03d: skipped %d rows, %d files: %s",
+            user.user_id,
+            report.rows_skipped,
+            report.files_skipped,
+            dict(report.counts),
+        )
     if table.num_rows == 0:
         return IngestResult(user.user_id, None, 0, report.to_dict())
     fingerprint = write_parquet(table, Path(out_path))
-    return IngestResult(user.user_id, Artifact.record(out_path, fingerprint), table.num_rows, report.to_dict())
+    return IngestResult(
+        user.user_id, Artifact.record(out_path, fingerprint), table.num_rows, report.to_dict()
+    )
 
 
-@task(name="generate-staypoints-user", task_run_name="staypoints user {ingested.user_id:03d}", cache_policy=CACHE_POLICY, persist_result=True, retries=1)
+@task(
+    name="generate-staypoints-user",
+    task_run_name="staypoints user {ingested.user_id:03d}",
+    cache_policy=CACHE_POLICY,
+    persist_result=True,
+    retries=1,
+)
 def generate_staypoints_user(
     ingested: IngestResult, config: StaypointConfig, tripleg_gap_threshold_min: float, out_path: str
 ) -> StaypointsResult:
@@ -125,7 +147,9 @@ def generate_staypoints_user(
 
 
 @task(name="locate-staypoints", cache_policy=CACHE_POLICY, persist_result=True)
-def locate_staypoints_task(users: list[StaypointsResult], config: PreprocessConfig, out_path: str) -> tuple[Artifact, dict]:
+def locate_staypoints_task(
+    users: list[StaypointsResult], config: PreprocessConfig, out_path: str
+) -> tuple[Artifact, dict]:
     """Quality filter + dataset-level DBSCAN over every user's staypoints."""
     logger = get_run_logger()
     with_sp = [u for u in users if u.staypoints is not None and u.n_staypoints > 0]
@@ -148,14 +172,20 @@ def locate_staypoints_task(users: list[StaypointsResult], config: PreprocessConf
 
 @task(name="build-dataset", cache_policy=CACHE_POLICY, persist_result=True)
 def build_dataset_task(
-    located: Artifact, config: PreprocessConfig, input_fingerprint: str, upstream_stats: dict, catalog: Catalog
+    located: Artifact,
+    config: PreprocessConfig,
+    input_fingerprint: str,
+    upstream_stats: dict,
+    catalog: Catalog,
 ) -> DatasetResult:
     """Merge, time features, split, targets, encodings and samples; writes the final outputs."""
     logger = get_run_logger()
     dataset = build_dataset(read_parquet(Path(located.path)), config)
     sp_art = Artifact.record(catalog.staypoints, write_parquet(dataset.staypoints, catalog.staypoints))
     samples = {
-        split: Artifact.record(catalog.samples(split), write_parquet(dataset.samples[split], catalog.samples(split)))
+        split: Artifact.record(
+            catalog.samples(split), write_parquet(dataset.samples[split], catalog.samples(split))
+        )
         for split in SPLITS
     }
     metadata = {
@@ -165,7 +195,10 @@ def build_dataset_task(
         "config_fingerprint": config.fingerprint(),
         "input_fingerprint": input_fingerprint,
         "dataset_fingerprint": combine(sp_art.fingerprint, *(samples[s].fingerprint for s in SPLITS)),
-        "files": {"staypoints": "staypoints.parquet", **{f"samples_{s}": f"samples/{s}.parquet" for s in SPLITS}},
+        "files": {
+            "staypoints": "staypoints.parquet",
+            **{f"samples_{s}": f"samples/{s}.parquet" for s in SPLITS},
+        },
     }
     meta_art = Artifact.record(catalog.metadata, write_json(metadata, catalog.metadata))
     logger.info(

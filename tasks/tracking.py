@@ -7,6 +7,7 @@ default; the file store is in maintenance mode).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
@@ -114,16 +115,21 @@ def promote_champion(kind: str, metric: str, data_fingerprint: str | None = None
     if best is None:
         return {"promoted": False, "reason": f"no version of {name} has {metric}"}
     current = None
-    try:
+    with contextlib.suppress(mlflow.exceptions.MlflowException):
         current = client.get_model_version_by_alias(name, CHAMPION)
-    except mlflow.exceptions.MlflowException:
-        pass
     if current is not None and current.version != best[1]:
         current_run = client.get_run(current.run_id)
         current_score = current_run.data.metrics.get(metric)
-        same_data = current_run.data.tags.get("data_fingerprint") == data_fingerprint or data_fingerprint is None
+        same_data = (
+            current_run.data.tags.get("data_fingerprint") == data_fingerprint or data_fingerprint is None
+        )
         if same_data and current_score is not None and current_score >= best[0]:
-            return {"promoted": False, "champion_version": current.version, "champion_score": current_score, "challenger_score": best[0]}
+            return {
+                "promoted": False,
+                "champion_version": current.version,
+                "champion_score": current_score,
+                "challenger_score": best[0],
+            }
     client.set_registered_model_alias(name, CHAMPION, best[1])
     logger.info("%s@%s -> version %s (%s %.3f)", name, CHAMPION, best[1], metric, best[0])
     return {"promoted": True, "champion_version": best[1], "champion_score": best[0], "run_id": best[2]}

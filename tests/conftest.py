@@ -36,14 +36,17 @@ def require_data(path: Path, what: str) -> Path:
 @pytest.fixture(scope="session")
 def sample_dir() -> Path:
     """The real GeoLife sample (11 users, original layout)."""
-    return require_data(Path(os.environ.get("NEXTLOC_SAMPLE_DIR", SHARED / "geolife-sample")), "GeoLife sample")
+    return require_data(
+        Path(os.environ.get("NEXTLOC_SAMPLE_DIR", SHARED / "geolife-sample")), "GeoLife sample"
+    )
 
 
 @pytest.fixture(scope="session")
 def full_archive() -> Path:
     """The full GeoLife 1.3 archive from ../shared."""
     return require_data(
-        Path(os.environ.get("NEXTLOC_GEOLIFE_ARCHIVE", SHARED / "geolife-1.3-raw.tar.xz")), "full GeoLife archive"
+        Path(os.environ.get("NEXTLOC_GEOLIFE_ARCHIVE", SHARED / "geolife-1.3-raw.tar.xz")),
+        "full GeoLife archive",
     )
 
 

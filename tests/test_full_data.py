@@ -59,7 +59,10 @@ def test_reproduces_reference_dataset(full_run):
     assert sp["user_id"].nunique() == 45
     assert sp.loc[sp["split"] == "train", "location_id"].max() == 1186
     for split in ("train", "val", "test"):
-        assert pq.read_metadata(data_dir / "samples" / f"{split}.parquet").num_rows == REFERENCE["n_samples"][split]
+        assert (
+            pq.read_metadata(data_dir / "samples" / f"{split}.parquet").num_rows
+            == REFERENCE["n_samples"][split]
+        )
 
 
 def test_rerun_is_cached(full_run):

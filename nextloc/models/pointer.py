@@ -86,7 +86,9 @@ class PointerConfig:
         if self.max_seq_len < 1:
             raise ValueError(f"max_seq_len={self.max_seq_len} must be >= 1")
         if self.dense_loss_weight and not self.causal:
-            raise ValueError("dense_loss_weight > 0 needs causal=True (earlier positions must not see later ones)")
+            raise ValueError(
+                "dense_loss_weight > 0 needs causal=True (earlier positions must not see later ones)"
+            )
 
 
 class PointerGenerator(nn.Module):
@@ -146,18 +148,32 @@ class PointerGenerator(nn.Module):
         hidden, valid, _ = self._encode(batch)
         bsz, width = batch.loc.shape
         positions = torch.arange(width, device=batch.loc.device)
-        keys_allowed = (positions.unsqueeze(0) <= positions.unsqueeze(1)).unsqueeze(0) & valid.unsqueeze(1)  # (B, T, T)
-        rel = (positions.unsqueeze(1) - positions.unsqueeze(0) + 1).clamp(0, self.config.max_seq_len - 1)  # (T, T)
-        log_probs = self._mix(hidden, hidden, keys_allowed, rel.unsqueeze(0).expand(bsz, -1, -1), batch.loc)  # (B, T, V)
+        keys_allowed = (positions.unsqueeze(0) <= positions.unsqueeze(1)).unsqueeze(0) & valid.unsqueeze(
+            1
+        )  # (B, T, T)
+        rel = (positions.unsqueeze(1) - positions.unsqueeze(0) + 1).clamp(
+            0, self.config.max_seq_len - 1
+        )  # (T, T)
+        log_probs = self._mix(
+            hidden, hidden, keys_allowed, rel.unsqueeze(0).expand(bsz, -1, -1), batch.loc
+        )  # (B, T, V)
         rows = torch.arange(bsz, device=batch.loc.device)
         last = (batch.lengths - 1).clamp(min=0)
-        main = F.cross_entropy(log_probs[rows, last], batch.target, ignore_index=0, label_smoothing=label_smoothing)
+        main = F.cross_entropy(
+            log_probs[rows, last], batch.target, ignore_index=0, label_smoothing=label_smoothing
+        )
         next_loc = torch.zeros_like(batch.loc)
         next_loc[:, :-1] = batch.loc[:, 1:] * valid[:, 1:]  # 0 (ignored) past the history
-        aux = F.cross_entropy(
-            log_probs[:, :-1].reshape(-1, log_probs.shape[-1]), next_loc[:, :-1].reshape(-1),
-            ignore_index=0, label_smoothing=label_smoothing,
-        ) if width > 1 else main * 0
+        aux = (
+            F.cross_entropy(
+                log_probs[:, :-1].reshape(-1, log_probs.shape[-1]),
+                next_loc[:, :-1].reshape(-1),
+                ignore_index=0,
+                label_smoothing=label_smoothing,
+            )
+            if width > 1
+            else main * 0
+        )
         return main + self.config.dense_loss_weight * aux
 
     def _encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -214,13 +230,17 @@ class PointerGenerator(nn.Module):
         scores = torch.bmm(query, keys.transpose(1, 2)).float()  # (B, P, T)
         scores = scores + self.position_bias.float()[key_pos]  # (B, P, T)
         if self.freq_bias_scale is not None:
-            same = (loc.unsqueeze(2) == loc.unsqueeze(1)).unsqueeze(1) & keys_allowed.unsqueeze(2)  # (B, P, T, T)
+            same = (loc.unsqueeze(2) == loc.unsqueeze(1)).unsqueeze(1) & keys_allowed.unsqueeze(
+                2
+            )  # (B, P, T, T)
             counts = same.sum(dim=-1).float()  # (B, P, T)
             scores = scores + self.freq_bias_scale.float() * torch.log1p(counts)  # (B, P, T)
         scores = scores.masked_fill(~keys_allowed, torch.finfo(torch.float32).min)
         ptr_probs = torch.softmax(scores, dim=-1) * keys_allowed  # (B, P, T); exactly 0 where not allowed
         index = loc.unsqueeze(1).expand(-1, queries, -1)  # (B, P, T)
-        ptr_dist = torch.zeros(bsz, queries, self.config.total_loc_num, device=loc.device, dtype=torch.float32)
+        ptr_dist = torch.zeros(
+            bsz, queries, self.config.total_loc_num, device=loc.device, dtype=torch.float32
+        )
         ptr_dist = ptr_dist.scatter_add(2, index, ptr_probs)  # (B, P, V)
 
         gen_probs = torch.softmax(self.gen_head(context).float(), dim=-1)  # (B, P, V)

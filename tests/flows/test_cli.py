@@ -88,7 +88,14 @@ class TestHelp:
             cli.main([command, "--help"])
         assert info.value.code == 0
         text = capsys.readouterr().out
-        for option in ("--raw-dir", "--data-dir", "--config", "--set", "--locations.epsilon_m", "--split.train"):
+        for option in (
+            "--raw-dir",
+            "--data-dir",
+            "--config",
+            "--set",
+            "--locations.epsilon_m",
+            "--split.train",
+        ):
             assert option in text
         for key, default in flatten(PreprocessConfig()).items():
             assert f"--{key}" in text, key
@@ -132,16 +139,30 @@ BAD_CONFIG = [
 
 class TestBadConfig:
     @pytest.mark.parametrize(("args", "key"), BAD_CONFIG)
-    def test_preprocess_rejects_before_work(self, dirs: types.SimpleNamespace, args: list[str], key: str) -> None:
+    def test_preprocess_rejects_before_work(
+        self, dirs: types.SimpleNamespace, args: list[str], key: str
+    ) -> None:
         result = nextloc(
-            "preprocess", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out), *args, prefect_home=dirs.prefect
+            "preprocess",
+            "--raw-dir",
+            str(dirs.raw),
+            "--data-dir",
+            str(dirs.out),
+            *args,
+            prefect_home=dirs.prefect,
         )
         output = assert_stopped_before_work(result, dirs)
         assert key in output
 
     def test_split_message_says_why(self, dirs: types.SimpleNamespace) -> None:
         result = nextloc(
-            "preprocess", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out), "--split.train", "0.9",
+            "preprocess",
+            "--raw-dir",
+            str(dirs.raw),
+            "--data-dir",
+            str(dirs.out),
+            "--split.train",
+            "0.9",
             prefect_home=dirs.prefect,
         )
         assert "must sum to 1" in assert_stopped_before_work(result, dirs)
@@ -156,7 +177,9 @@ class TestBadConfig:
     )
     def test_run_rejects_before_work(self, dirs: types.SimpleNamespace, args: list[str], key: str) -> None:
         # --raw-dir is given so that a config check that failed to stop it could not go looking for data.
-        result = nextloc("run", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out), *args, prefect_home=dirs.prefect)
+        result = nextloc(
+            "run", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out), *args, prefect_home=dirs.prefect
+        )
         assert key in assert_stopped_before_work(result, dirs)
 
     @pytest.mark.parametrize(
@@ -168,11 +191,19 @@ class TestBadConfig:
             ("- 1\n", "expected a mapping"),
         ],
     )
-    def test_bad_config_file(self, dirs: types.SimpleNamespace, tmp_path: Path, yaml_text: str, key: str) -> None:
+    def test_bad_config_file(
+        self, dirs: types.SimpleNamespace, tmp_path: Path, yaml_text: str, key: str
+    ) -> None:
         config = tmp_path / "bad.yaml"
         config.write_text(yaml_text)
         result = nextloc(
-            "preprocess", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out), "--config", str(config),
+            "preprocess",
+            "--raw-dir",
+            str(dirs.raw),
+            "--data-dir",
+            str(dirs.out),
+            "--config",
+            str(config),
             prefect_home=dirs.prefect,
         )
         assert key in assert_stopped_before_work(result, dirs)
@@ -180,7 +211,13 @@ class TestBadConfig:
     def test_missing_config_file(self, dirs: types.SimpleNamespace, tmp_path: Path) -> None:
         missing = tmp_path / "nope.yaml"
         result = nextloc(
-            "preprocess", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out), "--config", str(missing),
+            "preprocess",
+            "--raw-dir",
+            str(dirs.raw),
+            "--data-dir",
+            str(dirs.out),
+            "--config",
+            str(missing),
             prefect_home=dirs.prefect,
         )
         assert "nope.yaml" in assert_stopped_before_work(result, dirs)
@@ -209,7 +246,9 @@ class TestBadConfig:
 class TestRawDir:
     def test_missing_raw_dir_path(self, dirs: types.SimpleNamespace, tmp_path: Path) -> None:
         missing = tmp_path / "no-such-geolife"
-        result = nextloc("preprocess", "--raw-dir", str(missing), "--data-dir", str(dirs.out), prefect_home=dirs.prefect)
+        result = nextloc(
+            "preprocess", "--raw-dir", str(missing), "--data-dir", str(dirs.out), prefect_home=dirs.prefect
+        )
         output = assert_stopped_before_work(result, dirs)
         assert "--raw-dir" in output
         assert str(missing) in output
@@ -222,9 +261,17 @@ class TestRawDir:
         assert "required" in result.stderr
         assert not dirs.out.exists()
 
-    def test_bad_config_is_reported_before_missing_raw_dir(self, dirs: types.SimpleNamespace, tmp_path: Path) -> None:
+    def test_bad_config_is_reported_before_missing_raw_dir(
+        self, dirs: types.SimpleNamespace, tmp_path: Path
+    ) -> None:
         result = nextloc(
-            "preprocess", "--raw-dir", str(tmp_path / "nope"), "--data-dir", str(dirs.out), "--set", "nope=1",
+            "preprocess",
+            "--raw-dir",
+            str(tmp_path / "nope"),
+            "--data-dir",
+            str(dirs.out),
+            "--set",
+            "nope=1",
             prefect_home=dirs.prefect,
         )
         output = assert_stopped_before_work(result, dirs)
@@ -263,10 +310,23 @@ class TestConfigPlumbing:
         with pytest.raises(_FlowCalled):
             cli.main(
                 [
-                    "preprocess", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out),
-                    "--locations.epsilon_m", "50", "--timezone", "Asia/Shanghai",
-                    "--locations.coordinate_order", "lat_lon", "--staypoints.include_last", "false",
-                    "--set", "samples.previous_days=14", "--set", "quality.day_filter=10",
+                    "preprocess",
+                    "--raw-dir",
+                    str(dirs.raw),
+                    "--data-dir",
+                    str(dirs.out),
+                    "--locations.epsilon_m",
+                    "50",
+                    "--timezone",
+                    "Asia/Shanghai",
+                    "--locations.coordinate_order",
+                    "lat_lon",
+                    "--staypoints.include_last",
+                    "false",
+                    "--set",
+                    "samples.previous_days=14",
+                    "--set",
+                    "quality.day_filter=10",
                 ]
             )
         config = stub_flow["config"]
@@ -279,7 +339,9 @@ class TestConfigPlumbing:
         assert config.quality.day_filter == 10
         assert config.split == PreprocessConfig().split
 
-    def test_no_options_gives_reference_defaults(self, stub_flow: dict[str, Any], dirs: types.SimpleNamespace) -> None:
+    def test_no_options_gives_reference_defaults(
+        self, stub_flow: dict[str, Any], dirs: types.SimpleNamespace
+    ) -> None:
         with pytest.raises(_FlowCalled):
             cli.main(["preprocess", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out)])
         assert stub_flow["config"] == PreprocessConfig()
@@ -288,14 +350,25 @@ class TestConfigPlumbing:
         self, stub_flow: dict[str, Any], dirs: types.SimpleNamespace, tmp_path: Path
     ) -> None:
         config_file = tmp_path / "c.yaml"
-        config_file.write_text("preprocess:\n  locations:\n    epsilon_m: 30\n    min_samples: 5\n  quality:\n    day_filter: 7\n")
+        config_file.write_text(
+            "preprocess:\n  locations:\n    epsilon_m: 30\n    min_samples: 5\n  quality:\n    day_filter: 7\n"
+        )
         with pytest.raises(_FlowCalled):
             cli.main(
                 [
-                    "preprocess", "--raw-dir", str(dirs.raw), "--data-dir", str(dirs.out),
-                    "--config", str(config_file),
-                    "--set", "locations.epsilon_m=40", "--set", "locations.min_samples=3",
-                    "--locations.epsilon_m", "60",
+                    "preprocess",
+                    "--raw-dir",
+                    str(dirs.raw),
+                    "--data-dir",
+                    str(dirs.out),
+                    "--config",
+                    str(config_file),
+                    "--set",
+                    "locations.epsilon_m=40",
+                    "--set",
+                    "locations.min_samples=3",
+                    "--locations.epsilon_m",
+                    "60",
                 ]
             )
         config = stub_flow["config"]

@@ -13,7 +13,13 @@ from nextloc.config import PreprocessConfig, load_config
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
-FINAL = ["staypoints.parquet", "samples/train.parquet", "samples/val.parquet", "samples/test.parquet", "metadata.json"]
+FINAL = [
+    "staypoints.parquet",
+    "samples/train.parquet",
+    "samples/val.parquet",
+    "samples/test.parquet",
+    "metadata.json",
+]
 
 
 def _run(sample_dir: Path, data_dir: Path, config: PreprocessConfig | None = None):
@@ -56,7 +62,17 @@ class TestPreprocessFlow:
         for name in FINAL:
             assert (data_dir / name).is_file(), name
         sp = pq.read_table(data_dir / "staypoints.parquet").to_pandas()
-        for col in ["user_id", "location_id", "start_day", "end_day", "start_min", "end_min", "duration", "weekday", "split"]:
+        for col in [
+            "user_id",
+            "location_id",
+            "start_day",
+            "end_day",
+            "start_min",
+            "end_min",
+            "duration",
+            "weekday",
+            "split",
+        ]:
             assert col in sp.columns
         assert set(sp["split"]) == {"train", "val", "test"}
         assert sp["location_id"].min() >= 1
@@ -66,7 +82,8 @@ class TestPreprocessFlow:
         for key in ["n_users", "n_staypoints", "n_samples"]:
             assert set(meta[key]) == {"train", "val", "test"}
         assert meta["n_staypoints"] == sp["split"].value_counts().to_dict()
-        assert meta["input_fingerprint"] and meta["config"]["locations"]["epsilon_m"] == 20.0
+        assert meta["input_fingerprint"]
+        assert meta["config"]["locations"]["epsilon_m"] == 20.0
         samples = pq.read_table(data_dir / "samples" / "train.parquet")
         assert samples.num_rows == meta["n_samples"]["train"] == result["stats"]["n_samples"]["train"]
         # the user-partitioned positionfixes
@@ -83,7 +100,9 @@ class TestPreprocessFlow:
         states = _task_states(state)
         cached = {n for n, s in states.items() if s == "Cached"}
         computed = {n for n, s in states.items() if s == "Completed"}
-        assert {n for n in computed if not n.startswith(("discover-raw-users", "write-ingest-report"))} == set()
+        assert {
+            n for n in computed if not n.startswith(("discover-raw-users", "write-ingest-report"))
+        } == set()
         assert len([n for n in cached if n.startswith("ingest user")]) == 11
         assert len([n for n in cached if n.startswith("staypoints user")]) == 11
         assert any(n.startswith("build-dataset") for n in cached)
@@ -97,7 +116,9 @@ class TestPreprocessFlow:
         config = load_config(overrides={"locations.epsilon_m": 50})
         state = _run(sample_dir, data_dir, config)
         states = _task_states(state)
-        assert all(s == "Cached" for n, s in states.items() if n.startswith(("ingest user", "staypoints user")))
+        assert all(
+            s == "Cached" for n, s in states.items() if n.startswith(("ingest user", "staypoints user"))
+        )
         assert next(s for n, s in states.items() if n.startswith("locate-staypoints")) == "Completed"
         after = _mtimes(data_dir)
         upstream = [k for k in before if k.startswith(("01_", "02_"))]

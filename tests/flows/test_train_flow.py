@@ -60,7 +60,8 @@ def test_mlflow_runs_params_metrics_models(trained):
     runs = client.search_runs([exp.experiment_id])
     parent = [r for r in runs if r.info.run_id == result["parent_run_id"]]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == result["parent_run_id"]]
-    assert len(parent) == 1 and len(children) == 6
+    assert len(parent) == 1
+    assert len(children) == 6
     pointer = next(r for r in children if r.data.tags["model"] == "pointer_plus")
     assert pointer.data.params["train.recipe"] == "pointer"
     assert "model.d_model" in pointer.data.params
@@ -94,8 +95,22 @@ def test_predict_round_trip(trained, tmp_path):
     """`nextloc predict` on the champion returns the same top-1 as scoring the samples in-process."""
     data_dir, uri, _, _ = trained
     samples = data_dir / "samples" / "test.parquet"
-    cmd = [sys.executable, "-m", "flows.cli", "predict", "--model", "pointer_plus", "--history", str(samples),
-           "-k", "3", "--tracking-uri", uri, "--experiment", "test"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "predict",
+        "--model",
+        "pointer_plus",
+        "--history",
+        str(samples),
+        "-k",
+        "3",
+        "--tracking-uri",
+        uri,
+        "--experiment",
+        "test",
+    ]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True)
     predictions = json.loads(out.stdout)
     assert all(len(p) == 3 for p in predictions)
@@ -111,9 +126,16 @@ def test_predict_round_trip(trained, tmp_path):
     acc = 100 * sum(int(a == b) for a, b in zip(top1, targets, strict=True)) / len(targets)
     assert acc == pytest.approx(metrics["acc@1"], abs=1e-6)
 
-    history = {"location": [5, 7, 5], "start_min": [480, 1020, 1100], "weekday": [0, 0, 1],
-               "duration_min": [540, 60, 600], "diff_days": [1, 1, 0], "user": 1}
+    history = {
+        "location": [5, 7, 5],
+        "start_min": [480, 1020, 1100],
+        "weekday": [0, 0, 1],
+        "duration_min": [540, 60, 600],
+        "diff_days": [1, 1, 0],
+        "user": 1,
+    }
     (tmp_path / "h.json").write_text(json.dumps(history))
     cmd[cmd.index(str(samples))] = str(tmp_path / "h.json")
     single = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
-    assert len(single) == 1 and len(single[0]) == 3
+    assert len(single) == 1
+    assert len(single[0]) == 3

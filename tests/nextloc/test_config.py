@@ -110,7 +110,12 @@ class TestDefaults:
 class TestLoadConfig:
     def test_overrides_apply(self) -> None:
         config = load_config(
-            overrides={"locations.epsilon_m": 50, "timezone": "Asia/Shanghai", "split.train": 0.7, "split.val": 0.1}
+            overrides={
+                "locations.epsilon_m": 50,
+                "timezone": "Asia/Shanghai",
+                "split.train": 0.7,
+                "split.val": 0.1,
+            }
         )
         assert config.locations.epsilon_m == 50.0
         assert isinstance(config.locations.epsilon_m, float)
@@ -120,7 +125,8 @@ class TestLoadConfig:
 
     def test_yaml_preprocess_section(self, tmp_path: Path) -> None:
         path = write_yaml(
-            tmp_path, "preprocess:\n  locations:\n    epsilon_m: 50\n  timezone: Asia/Shanghai\ntrain:\n  lr: 1\n"
+            tmp_path,
+            "preprocess:\n  locations:\n    epsilon_m: 50\n  timezone: Asia/Shanghai\ntrain:\n  lr: 1\n",
         )
         config = load_config(path)
         assert config.locations.epsilon_m == 50.0
@@ -130,7 +136,9 @@ class TestLoadConfig:
         path = write_yaml(tmp_path, "locations:\n  min_samples: 5\n")
         assert load_config(path).locations.min_samples == 5
 
-    @pytest.mark.parametrize("text", ["", "# only a comment\n", "preprocess:\n", "preprocess:\n  locations:\n"])
+    @pytest.mark.parametrize(
+        "text", ["", "# only a comment\n", "preprocess:\n", "preprocess:\n  locations:\n"]
+    )
     def test_empty_yaml_means_defaults(self, tmp_path: Path, text: str) -> None:
         assert load_config(write_yaml(tmp_path, text)) == PreprocessConfig()
 
@@ -164,7 +172,9 @@ class TestLoadConfig:
             ("preprocess: 5\n", "'preprocess' must be a mapping"),
         ],
     )
-    def test_malformed_yaml_is_a_value_error_naming_the_file(self, tmp_path: Path, text: str, match: str) -> None:
+    def test_malformed_yaml_is_a_value_error_naming_the_file(
+        self, tmp_path: Path, text: str, match: str
+    ) -> None:
         path = write_yaml(tmp_path, text)
         with pytest.raises(ValueError, match=match) as info:
             load_config(path)
@@ -227,7 +237,9 @@ class TestRejection:
         assert_rejected(key, overrides={key: value})
 
     def test_wrong_type_in_yaml(self, tmp_path: Path) -> None:
-        assert_rejected("quality.day_filter", path=write_yaml(tmp_path, "preprocess:\n  quality:\n    day_filter: lots\n"))
+        assert_rejected(
+            "quality.day_filter", path=write_yaml(tmp_path, "preprocess:\n  quality:\n    day_filter: lots\n")
+        )
 
     @pytest.mark.parametrize("value", [-5, -0.001, 0, 0.0])
     def test_non_positive_epsilon(self, value: float) -> None:
@@ -271,7 +283,9 @@ class TestRejection:
 
     @pytest.mark.parametrize("split", [(0.7, 0.1, 0.2), (0.8, 0.2, 0.0), (0.1 + 0.2, 0.4, 0.3)])
     def test_split_summing_to_one_in_floats(self, split: tuple[float, float, float]) -> None:
-        config = load_config(overrides=dict(zip(("split.train", "split.val", "split.test"), split, strict=True)))
+        config = load_config(
+            overrides=dict(zip(("split.train", "split.val", "split.test"), split, strict=True))
+        )
         assert (config.split.train, config.split.val, config.split.test) == split
 
     @pytest.mark.parametrize("value", ["Mars/Olympus_Mons", "", "utc+8", "../../etc/passwd", "Asia/"])

@@ -114,7 +114,9 @@ def with_row_replaced(src: Path, dst: Path, line_no: int, new: bytes) -> tuple[P
 def reference(path: Path) -> pd.DataFrame:
     """trackintel ``read_geolife`` semantics, read independently with pandas."""
     df = pd.read_csv(path, skiprows=6, header=None, names=COLUMNS)
-    tracked_at = pd.to_datetime(df["date"] + " " + df["time"], format="%Y-%m-%d %H:%M:%S").dt.tz_localize("UTC")
+    tracked_at = pd.to_datetime(df["date"] + " " + df["time"], format="%Y-%m-%d %H:%M:%S").dt.tz_localize(
+        "UTC"
+    )
     return pd.DataFrame(
         {
             "tracked_at": tracked_at,
@@ -176,7 +178,11 @@ class TestListUserDirs:
         for name in ("010", "002", "100"):
             (tmp_path / "Data" / name).mkdir(parents=True)
         users, _ = list_user_dirs(tmp_path / "Data")
-        assert users == [(2, tmp_path / "Data" / "002"), (10, tmp_path / "Data" / "010"), (100, tmp_path / "Data" / "100")]
+        assert users == [
+            (2, tmp_path / "Data" / "002"),
+            (10, tmp_path / "Data" / "010"),
+            (100, tmp_path / "Data" / "100"),
+        ]
         assert list_user_dirs(tmp_path)[0] == users
 
     @pytest.mark.parametrize("bad_name", ["abc", "011_backup", "-12", "1.5", " 12", "²", "١٢"])
@@ -238,7 +244,12 @@ class TestReadUserRealData:
         table, report = read_user(11, [path])
         assert_rows(table, reference(path), user_id=11)
         assert table.num_rows == 508
-        assert (report.files_read, report.files_skipped, report.rows_read, report.rows_skipped) == (1, 0, 508, 0)
+        assert (report.files_read, report.files_skipped, report.rows_read, report.rows_skipped) == (
+            1,
+            0,
+            508,
+            0,
+        )
         assert report.issues == []
         first = table.slice(0, 1).to_pylist()[0]
         assert first["tracked_at"] == pd.Timestamp("2008-09-26 10:44:08", tz="UTC")
@@ -334,29 +345,61 @@ class TestReadUserBadRows:
             pytest.param(b"39.97,east,0,715.2,39309.03,2007-08-15,00:48:31", "non_numeric", id="lon-text"),
             pytest.param(b"39.97,116.33,0,high,39309.03,2007-08-15,00:48:31", "non_numeric", id="alt-text"),
             pytest.param(b",116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "non_numeric", id="lat-empty"),
-            pytest.param(b'"39.97",116.3307,0,715.2,39309.03,2007-08-15,00:48:31', "non_numeric", id="lat-quoted"),
-            pytest.param(b"3_9.97,116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "non_numeric", id="lat-underscore"),
+            pytest.param(
+                b'"39.97",116.3307,0,715.2,39309.03,2007-08-15,00:48:31', "non_numeric", id="lat-quoted"
+            ),
+            pytest.param(
+                b"3_9.97,116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "non_numeric", id="lat-underscore"
+            ),
             pytest.param(b"39.97,0x74,0,715.2,39309.03,2007-08-15,00:48:31", "non_numeric", id="lon-hex"),
             pytest.param(b"nan,116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "non_numeric", id="lat-nan"),
             pytest.param(b"39.97,116.3307,0,inf,39309.03,2007-08-15,00:48:31", "non_numeric", id="alt-inf"),
-            pytest.param(b"39.97,116.3307,0,1e400,39309.03,2007-08-15,00:48:31", "non_numeric", id="alt-overflow"),
+            pytest.param(
+                b"39.97,116.3307,0,1e400,39309.03,2007-08-15,00:48:31", "non_numeric", id="alt-overflow"
+            ),
             pytest.param(b"39.97,116.3307,0,nan,39309.03,2007-08-15,00:48:31", "non_numeric", id="alt-nan"),
-            pytest.param(b"90.000001,116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "out_of_range", id="lat>90"),
+            pytest.param(
+                b"90.000001,116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "out_of_range", id="lat>90"
+            ),
             pytest.param(b"-91,116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "out_of_range", id="lat<-90"),
             pytest.param(b"39.97,180.5,0,715.2,39309.03,2007-08-15,00:48:31", "out_of_range", id="lon>180"),
-            pytest.param(b"39.97,-1163.307,0,715.2,39309.03,2007-08-15,00:48:31", "out_of_range", id="lon<-180"),
-            pytest.param(b"400.166666666667,116.21539,0,0,40797.0,2011-09-11,00:48:31", "out_of_range", id="real-020"),
-            pytest.param(b"39.97,116.3307,0,715.2,39309.03,2007-08-15,00:48", "bad_timestamp", id="time-hh:mm"),
-            pytest.param(b"39.97,116.3307,0,715.2,39309.03,2007-08-15,24:00:00", "bad_timestamp", id="time-24h"),
-            pytest.param(b"39.97,116.3307,0,715.2,39309.03,2007-08-15,12:60:00", "bad_timestamp", id="time-60min"),
-            pytest.param(b"39.97,116.3307,0,715.2,39309.03,2007-08-15,0:48:31", "bad_timestamp", id="time-1-digit"),
-            pytest.param(b"39.97,116.3307,0,715.2,39309.03,2007-08-15,00:48:31.5", "bad_timestamp", id="time-frac"),
-            pytest.param(b"39.97,116.3307,0,715.2,39309.03,2007-02-30,00:48:31", "bad_timestamp", id="date-feb30"),
-            pytest.param(b"39.97,116.3307,0,715.2,39309.03,2007/08/15,00:48:31", "bad_timestamp", id="date-slashes"),
+            pytest.param(
+                b"39.97,-1163.307,0,715.2,39309.03,2007-08-15,00:48:31", "out_of_range", id="lon<-180"
+            ),
+            pytest.param(
+                b"400.166666666667,116.21539,0,0,40797.0,2011-09-11,00:48:31", "out_of_range", id="real-020"
+            ),
+            pytest.param(
+                b"39.97,116.3307,0,715.2,39309.03,2007-08-15,00:48", "bad_timestamp", id="time-hh:mm"
+            ),
+            pytest.param(
+                b"39.97,116.3307,0,715.2,39309.03,2007-08-15,24:00:00", "bad_timestamp", id="time-24h"
+            ),
+            pytest.param(
+                b"39.97,116.3307,0,715.2,39309.03,2007-08-15,12:60:00", "bad_timestamp", id="time-60min"
+            ),
+            pytest.param(
+                b"39.97,116.3307,0,715.2,39309.03,2007-08-15,0:48:31", "bad_timestamp", id="time-1-digit"
+            ),
+            pytest.param(
+                b"39.97,116.3307,0,715.2,39309.03,2007-08-15,00:48:31.5", "bad_timestamp", id="time-frac"
+            ),
+            pytest.param(
+                b"39.97,116.3307,0,715.2,39309.03,2007-02-30,00:48:31", "bad_timestamp", id="date-feb30"
+            ),
+            pytest.param(
+                b"39.97,116.3307,0,715.2,39309.03,2007/08/15,00:48:31", "bad_timestamp", id="date-slashes"
+            ),
             pytest.param(b"39.97,116.3307,0,715.2,39309.03,,00:48:31", "bad_timestamp", id="date-empty"),
-            pytest.param(b"39.97\xff,116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "non_ascii", id="latin1-lat"),
-            pytest.param(b"39.97,116.3307,0,715.2,39309.\xe9,2007-08-15,00:48:31", "non_ascii", id="latin1-days"),
-            pytest.param(b"39.97,116.3307,\xc3\xa9,715.2,39309.03,2007-08-15,00:48:31", "non_ascii", id="utf8-zero"),
+            pytest.param(
+                b"39.97\xff,116.3307,0,715.2,39309.03,2007-08-15,00:48:31", "non_ascii", id="latin1-lat"
+            ),
+            pytest.param(
+                b"39.97,116.3307,0,715.2,39309.\xe9,2007-08-15,00:48:31", "non_ascii", id="latin1-days"
+            ),
+            pytest.param(
+                b"39.97,116.3307,\xc3\xa9,715.2,39309.03,2007-08-15,00:48:31", "non_ascii", id="utf8-zero"
+            ),
             pytest.param(b"\x80\x81\x82\x83", "non_ascii", id="binary"),
             pytest.param(b"", "empty_row", id="blank"),
             pytest.param(b"   \t ", "empty_row", id="whitespace"),
@@ -395,9 +438,7 @@ class TestReadUserBadRows:
         a = write_plt(traj / SRC_A, rows_a)
         b = write_plt(traj / SRC_B, rows_b)
         table, report = read_user(USER, [a, b])
-        expected = reference_of(
-            reference(src_a).drop(index=[0, 9]), reference(src_b).iloc[:-1]
-        )
+        expected = reference_of(reference(src_a).drop(index=[0, 9]), reference(src_b).iloc[:-1])
         assert_rows(table, expected)
         assert report.counts == Counter({"field_count": 1, "out_of_range": 1, "empty_row": 1})
         assert [(i.file, i.line, i.kind) for i in report.issues] == [
@@ -458,7 +499,9 @@ class TestReadUserBadFiles:
         assert not failures, "\n".join(failures)
 
     @pytest.mark.parametrize("tail", [b"", b"\r"], ids=["no-newline", "cr-only"])
-    def test_complete_last_row_without_newline_is_kept(self, sample_root: Path, traj: Path, tail: bytes) -> None:
+    def test_complete_last_row_without_newline_is_kept(
+        self, sample_root: Path, traj: Path, tail: bytes
+    ) -> None:
         src = real(sample_root, SRC_A)
         path = traj / src.name
         path.write_bytes(src.read_bytes()[:-2] + tail)
@@ -487,9 +530,7 @@ class TestReadUserBadFiles:
             pytest.param([b"\xff\xfeG\x00e\x00o\x00", *HEADER[1:]], id="utf16-bom"),
         ],
     )
-    def test_non_geolife_file_is_skipped(
-        self, sample_root: Path, traj: Path, header: list[bytes]
-    ) -> None:
+    def test_non_geolife_file_is_skipped(self, sample_root: Path, traj: Path, header: list[bytes]) -> None:
         a = copy(real(sample_root, SRC_A), traj)
         rows = data_lines(real(sample_root, SRC_B))
         other = write_plt(traj / "20070815105144.plt", rows, header=header)
@@ -576,7 +617,10 @@ class TestReadUserBadFiles:
 
 class TestIngestReport:
     def test_merge_and_dict_round_trip(self) -> None:
-        a, b = IngestReport(files_read=2, rows_read=10), IngestReport(files_read=1, files_skipped=1, rows_read=5)
+        a, b = (
+            IngestReport(files_read=2, rows_read=10),
+            IngestReport(files_read=1, files_skipped=1, rows_read=5),
+        )
         a.add(IngestIssue("x.plt", 7, "field_count", "m"), rows=1)
         b.add(IngestIssue("y.plt", None, "empty_file", "file is empty"))
         a.merge(b)
@@ -625,7 +669,9 @@ _SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Hea
 def _expected(rows: list[tuple[float, float, float, dt.datetime]]) -> pd.DataFrame:
     return pd.DataFrame(
         {
-            "tracked_at": pd.to_datetime([r[3] for r in rows]).tz_localize("UTC") if rows else pd.Series([], dtype="datetime64[ns, UTC]"),
+            "tracked_at": pd.to_datetime([r[3] for r in rows]).tz_localize("UTC")
+            if rows
+            else pd.Series([], dtype="datetime64[ns, UTC]"),
             "latitude": np.array([r[0] for r in rows], dtype=np.float64),
             "longitude": np.array([r[1] for r in rows], dtype=np.float64),
             "elevation": np.array([r[2] for r in rows], dtype=np.float64) * 0.3048,
@@ -639,7 +685,8 @@ class TestReadUserProperties:
     def test_valid_rows_round_trip(self, files: list[list[tuple[float, float, float, dt.datetime]]]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             paths = [
-                write_plt(Path(tmp) / f"{i:014d}.plt", [fmt_row(*r) for r in rows]) for i, rows in enumerate(files)
+                write_plt(Path(tmp) / f"{i:014d}.plt", [fmt_row(*r) for r in rows])
+                for i, rows in enumerate(files)
             ]
             table, report = read_user(7, paths)
         assert report.issues == []

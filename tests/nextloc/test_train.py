@@ -17,7 +17,10 @@ V, U = 12, 4
 def _samples(n: int, seed: int) -> pa.Table:
     """Users cycle deterministically through locations: the next location is (last + user) mod 10 + 2."""
     rng = np.random.default_rng(seed)
-    rows = {k: [] for k in ["loc_hist", "user_hist", "weekday_hist", "start_min_hist", "duration_hist", "diff_hist"]}
+    rows = {
+        k: []
+        for k in ["loc_hist", "user_hist", "weekday_hist", "start_min_hist", "duration_hist", "diff_hist"]
+    }
     target, user = [], []
     for _ in range(n):
         u = int(rng.integers(1, U))
@@ -84,7 +87,9 @@ def test_training_is_deterministic(data):
 def test_pointer_schedule_matches_reference():
     """5 warmup epochs reaching the base rate, then cosine towards 1e-6 over 45 epochs."""
     cfg = TrainConfig.for_recipe("pointer")
-    assert [round(_pointer_lr(e, cfg), 8) for e in range(5)] == [round(6.5e-4 * (e + 1) / 5, 8) for e in range(5)]
+    assert [round(_pointer_lr(e, cfg), 8) for e in range(5)] == [
+        round(6.5e-4 * (e + 1) / 5, 8) for e in range(5)
+    ]
     assert _pointer_lr(5, cfg) == pytest.approx(6.5e-4)
     assert _pointer_lr(50, cfg) == pytest.approx(1e-6)
 
