@@ -312,8 +312,8 @@ def fit_model(
 ) -> tuple[FitResult, FitResult | None]:
     """``fit`` a fresh model; with ``refit_on_train_val``, then retrain a fresh one on train + val.
 
-    The refit runs exactly the selected number of epochs with the same schedule and keeps its final
-    weights (validation is part of its training data, so it selects nothing).
+    The refit runs the selected number of epochs with the learning rate annealed over them and keeps its
+    final weights (validation is part of its training data, so it selects nothing).
 
     Returns:
         ``(selection, refit)``: the selection run (its validation metrics are the honest ones) and the
@@ -322,9 +322,14 @@ def fit_model(
     selection = fit(build(), train, val, config, log_prob_output=log_prob_output, log_metrics=log_metrics)
     if not config.refit_on_train_val:
         return selection, None
+    # Same epoch count, but the learning rate anneals over it (one epoch at the peak rate, then the cosine
+    # compressed into the remaining epochs), so the refit ends on a low rate like a completed schedule.
+    epochs = max(1, selection.best_epoch)
     final_config = replace(
         config,
-        max_epochs=max(1, selection.best_epoch),
+        max_epochs=epochs,
+        warmup_epochs=1,
+        decay_epochs=max(epochs - 1, 1),
         min_epochs=0,
         patience=10**9,
         select_best=False,

@@ -28,8 +28,13 @@ def _run(sample_dir: Path, data_dir: Path, config: PreprocessConfig | None = Non
     return preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir), config=config, return_state=True)
 
 
-def _task_states(state) -> dict[str, str]:
-    """Task-run name -> final state name, read back from the Prefect API for the flow run of ``state``."""
+def _task_states(state, expected: int | None = None) -> dict[str, str]:
+    """Task-run name -> final state name, read back from the Prefect API for the flow run of ``state``.
+
+    Task-run states reach the API asynchronously (events), so poll until every run is final.
+    """
+    import time
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
@@ -38,9 +43,15 @@ def _task_states(state) -> dict[str, str]:
             runs = await client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
             )
-            return {r.name: r.state.name for r in runs}
+            return {r.name: (r.state.name if r.state else "") for r in runs}
 
-    return asyncio.run(read())
+    deadline = time.monotonic() + 60
+    while True:
+        states = asyncio.run(read())
+        final = all(s in {"Cached", "Completed", "Failed", "Crashed"} for s in states.values())
+        if (final and (expected is None or len(states) >= expected)) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
 
 
 def _mtimes(root: Path) -> dict[str, int]:
@@ -97,7 +108,7 @@ class TestPreprocessFlow:
         data_dir, result = first_run
         before = _mtimes(data_dir)
         state = _run(sample_dir, data_dir)
-        states = _task_states(state)
+        states = _task_states(state, expected=26)
         cached = {n for n, s in states.items() if s == "Cached"}
         computed = {n for n, s in states.items() if s == "Completed"}
         assert {
@@ -115,7 +126,7 @@ class TestPreprocessFlow:
         before = _mtimes(data_dir)
         config = load_config(overrides={"locations.epsilon_m": 50})
         state = _run(sample_dir, data_dir, config)
-        states = _task_states(state)
+        states = _task_states(state, expected=26)
         assert all(
             s == "Cached" for n, s in states.items() if n.startswith(("ingest user", "staypoints user"))
         )

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nextloc.data import Batch
-from nextloc.models import MODEL_REGISTRY, OUTPUT_IS_LOG_PROB, build_model, count_parameters
+from nextloc.models import MODEL_PRESETS, MODEL_REGISTRY, OUTPUT_IS_LOG_PROB, build_model, count_parameters
 from nextloc.models.embedding import MaskedEncoderLayer
 
-KINDS = ["mhsa", "pointer", "lstm"]
+KINDS = ["mhsa", "pointer", "pointer_plus", "lstm"]
 V, U = 40, 6  # small vocabularies for the behavioural tests
 
 
@@ -101,7 +101,7 @@ def test_frequency_bias_is_off_by_default_and_adds_one_parameter():
 
 def test_registry_and_build_model_errors():
     assert set(MODEL_REGISTRY) == set(KINDS) == set(OUTPUT_IS_LOG_PROB)
-    assert OUTPUT_IS_LOG_PROB == {"mhsa": False, "pointer": True, "lstm": False}
+    assert OUTPUT_IS_LOG_PROB == {"mhsa": False, "pointer": True, "pointer_plus": True, "lstm": False}
     for config_cls, _ in MODEL_REGISTRY.values():
         assert dataclasses.is_dataclass(config_cls)
         assert config_cls.__dataclass_params__.frozen
@@ -370,4 +370,31 @@ def test_build_model_returns_registered_classes(kind):
     config_cls, model_cls = MODEL_REGISTRY[kind]
     model = build_model(kind, V, U, dropout=0.3)
     assert isinstance(model, model_cls)
-    assert model.config == config_cls(total_loc_num=V, total_user_num=U, dropout=0.3)
+    expected = {**MODEL_PRESETS.get(kind, {}), "dropout": 0.3}
+    assert model.config == config_cls(total_loc_num=V, total_user_num=U, **expected)
+
+
+def test_pointer_plus_is_the_reference_network_with_causal_attention():
+    """Same parameters as Pointer V45; its encoder state at position t ignores later history items."""
+    ref = build_model("pointer", 1187, 46, max_seq_len=64)
+    plus = build_model("pointer_plus", 1187, 46, max_seq_len=64)
+    assert count_parameters(ref) == count_parameters(plus) == 251_476
+    assert plus.config.causal
+    assert not ref.config.causal
+    plus.eval()
+    batch = make_batch([6, 6], seed=0)
+    altered = dataclasses.replace(batch, loc=batch.loc.clone())
+    altered.loc[:, 4:] = 3
+    h1, _, _ = plus._encode(batch)
+    h2, _, _ = plus._encode(altered)
+    torch.testing.assert_close(h1[:, :4], h2[:, :4])
+
+
+def test_pointer_dense_loss_requires_causal_and_trains():
+    with pytest.raises(ValueError, match="causal"):
+        build_model("pointer", V, U, max_seq_len=16, dense_loss_weight=0.5)
+    model = build_model("pointer_plus", V, U, max_seq_len=16, dense_loss_weight=0.5)
+    batch = make_batch([5, 3, 1], seed=1)
+    loss = model.training_loss(batch, label_smoothing=0.03)
+    loss.backward()
+    assert torch.isfinite(loss)
