@@ -13,6 +13,8 @@ convention (lowest class index first).
 
 from __future__ import annotations
 
+from typing import Self
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -164,7 +166,48 @@ class MarkovBaseline:
         return torch.from_numpy(scores).to(batch.loc.device)
 
 
-class MostFrequentBaseline:
+class _HistoryBaseline:
+    """Scaffold shared by the history-only baselines: nothing is learned, scores come from :func:`history_stats`.
+
+    Subclasses implement :meth:`_scores_from_stats`, which turns the per-class history statistics into scores.
+
+    Args:
+        num_locations: vocabulary size ``V``.
+    """
+
+    def __init__(self, num_locations: int) -> None:
+        self.num_locations = int(num_locations)
+
+    def fit(self, train: SampleTensors) -> Self:
+        """No-op (the baseline only reads each sample's own history).
+
+        Args:
+            train: ignored.
+
+        Returns:
+            ``self``.
+        """
+        return self
+
+    def scores(self, batch: Batch) -> torch.Tensor:
+        """``(B, V)`` float32 scores on the batch's device.
+
+        Args:
+            batch: a batch (``loc``, ``lengths`` are used).
+
+        Returns:
+            Scores from :meth:`_scores_from_stats` (see the class doc for the ranking).
+        """
+        return self._scores_from_stats(*history_stats(batch, self.num_locations))
+
+    def _scores_from_stats(
+        self, counts: torch.Tensor, recency: torch.Tensor, earliness: torch.Tensor
+    ) -> torch.Tensor:
+        """``(B, V)`` scores from :func:`history_stats`' ``(counts, recency, earliness)``."""
+        raise NotImplementedError
+
+
+class MostFrequentBaseline(_HistoryBaseline):
     """Predicts the location visited most often in the sample's own history.
 
     Scores: ``count + tie_break`` for each location in the history, ``0`` for every other class, where
@@ -190,35 +233,18 @@ class MostFrequentBaseline:
     def __init__(self, num_locations: int, *, tie_break: str = "first_seen") -> None:
         if tie_break not in self.TIE_BREAKS:
             raise ValueError(f"tie_break {tie_break!r} is unknown; use one of {list(self.TIE_BREAKS)}")
-        self.num_locations = int(num_locations)
+        super().__init__(num_locations)
         self.tie_break = tie_break
 
-    def fit(self, train: SampleTensors) -> MostFrequentBaseline:
-        """No-op (the baseline only reads each sample's own history).
-
-        Args:
-            train: ignored.
-
-        Returns:
-            ``self``.
-        """
-        return self
-
-    def scores(self, batch: Batch) -> torch.Tensor:
-        """``(B, V)`` float32 scores on the batch's device.
-
-        Args:
-            batch: a batch (``loc``, ``lengths`` are used).
-
-        Returns:
-            Scores; history locations ranked by count, then by ``tie_break``.
-        """
-        counts, recency, earliness = history_stats(batch, self.num_locations)
+    def _scores_from_stats(
+        self, counts: torch.Tensor, recency: torch.Tensor, earliness: torch.Tensor
+    ) -> torch.Tensor:
+        """History locations ranked by count, then by ``tie_break``; 0 elsewhere."""
         tie = earliness if self.tie_break == "first_seen" else recency
         return torch.where(counts > 0, counts + tie, torch.zeros_like(counts))
 
 
-class LastLocationBaseline:
+class LastLocationBaseline(_HistoryBaseline):
     """Predicts the last history location ``X[-1]`` ("persistent" model).
 
     Scores: ``(last position + 1) / (T + 1)`` for each location in the history, so ``X[-1]`` ranks first and
@@ -232,30 +258,10 @@ class LastLocationBaseline:
         num_locations: vocabulary size ``V``.
     """
 
-    def __init__(self, num_locations: int) -> None:
-        self.num_locations = int(num_locations)
-
-    def fit(self, train: SampleTensors) -> LastLocationBaseline:
-        """No-op (the baseline only reads each sample's own history).
-
-        Args:
-            train: ignored.
-
-        Returns:
-            ``self``.
-        """
-        return self
-
-    def scores(self, batch: Batch) -> torch.Tensor:
-        """``(B, V)`` float32 scores on the batch's device.
-
-        Args:
-            batch: a batch (``loc``, ``lengths`` are used).
-
-        Returns:
-            Scores; history locations ranked by recency.
-        """
-        _, recency, _ = history_stats(batch, self.num_locations)
+    def _scores_from_stats(
+        self, counts: torch.Tensor, recency: torch.Tensor, earliness: torch.Tensor
+    ) -> torch.Tensor:
+        """History locations ranked by recency; 0 elsewhere."""
         return recency
 
 

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+    from nextloc.data import SampleTensors
+    from nextloc.geolife import IngestReport
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -39,6 +48,95 @@ def sample_dir() -> Path:
     return require_data(
         Path(os.environ.get("NEXTLOC_SAMPLE_DIR", SHARED / "geolife-sample")), "GeoLife sample"
     )
+
+
+@pytest.fixture(scope="session")
+def sample_reads(sample_dir) -> dict[int, tuple[pd.DataFrame, IngestReport]]:
+    """nextloc's parse of every sample user, in read order: user_id -> (positionfixes as pandas, read report).
+
+    Parsed once per session; treat the frames as read-only (copy before changing them).
+    """
+    from nextloc.geolife import list_plt_files, list_user_dirs, read_user
+
+    users, _ = list_user_dirs(sample_dir)
+    out = {}
+    for user_id, folder in users:
+        table, report = read_user(user_id, list_plt_files(folder))
+        out[user_id] = (table.to_pandas(), report)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sample_positionfixes(sample_reads) -> dict[int, pd.DataFrame]:
+    """user_id -> the user's positionfixes as parsed by nextloc (pandas), in read order; read-only."""
+    return {user_id: pfs for user_id, (pfs, _) in sample_reads.items()}
+
+
+@pytest.fixture(scope="session")
+def sample_staypoints(sample_positionfixes) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """All sample users' staypoints (sorted by user, start) and per-user tripleg extents, from nextloc alone.
+
+    ``(staypoints, tripleg_extents)`` from :func:`nextloc.staypoints.generate_staypoints` with its defaults;
+    read-only.
+    """
+    import pandas as pd
+
+    from nextloc.staypoints import generate_staypoints
+
+    sps, extents = [], []
+    for user_id, pfs in sample_positionfixes.items():
+        result = generate_staypoints(pfs)
+        sps.append(result.staypoints)
+        extents.append(
+            {"user_id": user_id, "tripleg_start": result.tripleg_start, "tripleg_end": result.tripleg_end}
+        )
+    extents = pd.DataFrame(extents)
+    for col in ("tripleg_start", "tripleg_end"):
+        extents[col] = pd.to_datetime(extents[col], utc=True)
+    return pd.concat(sps, ignore_index=True), extents
+
+
+def build_samples_table(users: list[int], histories: list[list[int]], targets: list[int]) -> pa.Table:
+    """A small samples table with the preprocessing output's pyarrow schema (time features all 0).
+
+    ``user_id`` is ``100 + user``, ``staypoint_id`` the row number and ``target_day`` 10.
+    """
+    import pyarrow as pa
+
+    lengths = [len(h) for h in histories]
+    zeros = [[0] * n for n in lengths]
+    list32 = pa.list_(pa.int32())
+    n = len(users)
+    return pa.table(
+        {
+            "staypoint_id": pa.array(range(n), pa.int64()),
+            "user_id": pa.array([100 + u for u in users], pa.int32()),
+            "user": pa.array(users, pa.int32()),
+            "loc_hist": pa.array(histories, list32),
+            "user_hist": pa.array([[u] * k for u, k in zip(users, lengths, strict=True)], list32),
+            "weekday_hist": pa.array(zeros, list32),
+            "start_min_hist": pa.array(zeros, list32),
+            "duration_hist": pa.array(zeros, list32),
+            "diff_hist": pa.array(zeros, list32),
+            "target_loc": pa.array(targets, pa.int32()),
+            "target_weekday": pa.array([0] * n, pa.int32()),
+            "target_start_min": pa.array([0] * n, pa.int32()),
+            "target_day": pa.array([10] * n, pa.int32()),
+            "hist_len": pa.array(lengths, pa.int32()),
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def make_samples() -> Callable[..., SampleTensors]:
+    """Factory: ``make_samples(users=..., histories=..., targets=...)`` -> a small :class:`SampleTensors`
+    split built by :func:`build_samples_table`."""
+    from nextloc.data import SampleTensors
+
+    def make(users: list[int], histories: list[list[int]], targets: list[int]) -> SampleTensors:
+        return SampleTensors(build_samples_table(users, histories, targets))
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
@@ -33,33 +32,6 @@ from nextloc.metrics import evaluate_scores
 V = 10
 
 
-def samples(users: list[int], histories: list[list[int]], targets: list[int]) -> SampleTensors:
-    """A split built from the same pyarrow schema as the preprocessing output (time features all 0)."""
-    lengths = [len(h) for h in histories]
-    zeros = [[0] * n for n in lengths]
-    list32 = pa.list_(pa.int32())
-    n = len(users)
-    table = pa.table(
-        {
-            "staypoint_id": pa.array(range(n), pa.int64()),
-            "user_id": pa.array([100 + u for u in users], pa.int32()),
-            "user": pa.array(users, pa.int32()),
-            "loc_hist": pa.array(histories, list32),
-            "user_hist": pa.array([[u] * k for u, k in zip(users, lengths, strict=True)], list32),
-            "weekday_hist": pa.array(zeros, list32),
-            "start_min_hist": pa.array(zeros, list32),
-            "duration_hist": pa.array(zeros, list32),
-            "diff_hist": pa.array(zeros, list32),
-            "target_loc": pa.array(targets, pa.int32()),
-            "target_weekday": pa.array([0] * n, pa.int32()),
-            "target_start_min": pa.array([0] * n, pa.int32()),
-            "target_day": pa.array([10] * n, pa.int32()),
-            "hist_len": pa.array(lengths, pa.int32()),
-        }
-    )
-    return SampleTensors(table)
-
-
 def full_batch(data: SampleTensors):
     return next(data.batches(len(data)))
 
@@ -70,7 +42,7 @@ def ranking(scores: torch.Tensor, k: int) -> list[list[int]]:
 
 
 @pytest.fixture
-def markov_train() -> SampleTensors:
+def markov_train(make_samples) -> SampleTensors:
     """Five train samples; pairs of history + [target]:
 
     - user 1: [2,3,2]+[3] -> 2->3, 3->2, 2->3;  [2,4]+[2] -> 2->4, 4->2
@@ -81,7 +53,7 @@ def markov_train() -> SampleTensors:
     all users from 3 {2: 1, 5: 1}, from 5 {6: 2, 7: 1};
     destination frequency {6: 5, 2: 2, 3: 2, 5: 2, 4: 1, 7: 1} (total 13).
     """
-    return samples(
+    return make_samples(
         users=[1, 1, 2, 2, 2],
         histories=[[2, 3, 2], [2, 4], [5, 6, 5], [3, 5], [6, 6, 6]],
         targets=[3, 2, 7, 6, 6],
@@ -89,7 +61,7 @@ def markov_train() -> SampleTensors:
 
 
 @pytest.fixture
-def markov_queries() -> SampleTensors:
+def markov_queries(make_samples) -> SampleTensors:
     """Six queries (user, history -> level of the fallback chain -> top-1 prediction):
 
     0. user 1, [9, 2] -> 1 (user 1 from 2: 3 p=2/3, 4 p=1/3) -> 3
@@ -100,7 +72,7 @@ def markov_queries() -> SampleTensors:
     4. user 1, [2, 1] (ends at the unseen class) -> 2 -> 2; without the user-marginal step -> 4 -> 6
     5. user 2, [6]    -> 1 (user 2 from 6: 6 p=3/4, 5 p=1/4) -> 6
     """
-    return samples(
+    return make_samples(
         users=[1, 1, 3, 3, 1, 2],
         histories=[[9, 2], [5], [3], [8], [2, 1], [6]],
         targets=[3, 4, 5, 6, 2, 5],
@@ -146,10 +118,10 @@ class TestMarkovBaseline:
         assert level.tolist() == [1]
         assert counts[0].tolist() == [0, 0, 0, 0, 0, 0, 2, 1, 0, 0]
 
-    def test_overlapping_windows_inflate_counts(self):
+    def test_overlapping_windows_inflate_counts(self, make_samples):
         """Visits 2,3,2,3,2 seen as two overlapping samples [2,3,2]+[3] and [3,2,3]+[2]: the reference counts
         every pair of every sample, so 2 -> 3 counts 3 (not the 2 of the underlying visit sequence)."""
-        train = samples(users=[1, 1], histories=[[2, 3, 2], [3, 2, 3]], targets=[3, 2])
+        train = make_samples(users=[1, 1], histories=[[2, 3, 2], [3, 2, 3]], targets=[3, 2])
         counts, _ = MarkovBaseline(V).fit(train).counts(np.array([2, 3]), np.array([1, 1]))
         assert counts[0, 3] == 3
         assert counts[1, 2] == 3
@@ -173,9 +145,9 @@ class TestMarkovBaseline:
         assert len(src) == int(markov_train.lengths_np.sum())
         assert users.tolist() == [1] * 5 + [2] * 8
 
-    def test_rejects_location_outside_vocabulary(self):
+    def test_rejects_location_outside_vocabulary(self, make_samples):
         with pytest.raises(ValueError, match="num_locations"):
-            MarkovBaseline(5).fit(samples(users=[1], histories=[[2, 3]], targets=[7]))
+            MarkovBaseline(5).fit(make_samples(users=[1], histories=[[2, 3]], targets=[7]))
 
     def test_unfitted(self, markov_queries):
         with pytest.raises(RuntimeError, match="fit"):
@@ -191,7 +163,7 @@ class TestMarkovBaseline:
 
 
 @pytest.fixture
-def history_batch():
+def history_batch(make_samples):
     """Three histories in one padded batch:
 
     - [4, 5, 4, 5, 6]: counts 4: 2, 5: 2, 6: 1. Most frequent (first seen) 4, 5, 6; (recent) 5, 4, 6.
@@ -199,7 +171,7 @@ def history_batch():
     - [1, 1, 2]: the unseen class 1 is the most frequent and is predicted like any class; last location 2.
     - [3]: 3; the padding of this row must not count as visits to class 0.
     """
-    data = samples(users=[1, 1, 2], histories=[[4, 5, 4, 5, 6], [1, 1, 2], [3]], targets=[4, 1, 3])
+    data = make_samples(users=[1, 1, 2], histories=[[4, 5, 4, 5, 6], [1, 1, 2], [3]], targets=[4, 1, 3])
     return full_batch(data)
 
 
@@ -220,11 +192,11 @@ class TestMostFrequentBaseline:
         assert scores[2, 0] == 0
         assert (scores[2, [c for c in range(V) if c != 3]] == 0).all()
 
-    def test_matches_counter_most_common(self):
+    def test_matches_counter_most_common(self, make_samples):
         """Independent check: the candidate order equals ``Counter(history).most_common()``."""
         rng = random.Random(0)
         histories = [[rng.randint(1, 8) for _ in range(rng.randint(1, 12))] for _ in range(200)]
-        data = samples(users=[1] * 200, histories=histories, targets=[2] * 200)
+        data = make_samples(users=[1] * 200, histories=histories, targets=[2] * 200)
         scores = MostFrequentBaseline(V).scores(full_batch(data))
         order = torch.argsort(-scores, dim=1, stable=True).tolist()
         for row, history in zip(order, histories, strict=True):
@@ -244,10 +216,10 @@ class TestLastLocationBaseline:
         assert top[1] == [2, 1, 0]
         assert top[2] == [3, 0, 1]
 
-    def test_top1_is_last_location(self):
+    def test_top1_is_last_location(self, make_samples):
         rng = random.Random(1)
         histories = [[rng.randint(1, 9) for _ in range(rng.randint(1, 15))] for _ in range(100)]
-        data = samples(users=[1] * 100, histories=histories, targets=[2] * 100)
+        data = make_samples(users=[1] * 100, histories=histories, targets=[2] * 100)
         batch = full_batch(data)
         scores = LastLocationBaseline(V).scores(batch)
         assert torch.equal(scores.argmax(1), last_locations(batch))

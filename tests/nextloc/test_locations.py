@@ -12,9 +12,6 @@ the quality-filtered users::
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import geopandas as gpd
 import numpy as np
 import pandas as pd
@@ -25,12 +22,10 @@ from sklearn.metrics.pairwise import haversine_distances
 
 from nextloc.config import LocationConfig, PreprocessConfig
 from nextloc.dataset import locate_staypoints
-from nextloc.geolife import list_plt_files, list_user_dirs, read_user
 from nextloc.locations import generate_locations, merge_staypoints
 from nextloc.quality import filter_users_by_quality, user_extents
-from nextloc.staypoints import EARTH_RADIUS_M, create_activity_flag, generate_staypoints
+from nextloc.staypoints import EARTH_RADIUS_M, create_activity_flag
 
-REPO = Path(__file__).resolve().parents[2]
 BEIJING = (39.984702, 116.318417)  # (lat, lon)
 T0 = pd.Timestamp("2008-10-23 02:00:00", tz="UTC")
 # trackintel's merge_staypoints concatenates the staypoints with the empty triplegs frame the reference passes
@@ -40,37 +35,6 @@ TI_CONCAT_EMPTY = "ignore:The behavior of DataFrame concatenation with empty or 
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
-
-
-def sample_dir() -> Path:
-    return Path(os.environ.get("NEXTLOC_SAMPLE_DIR", REPO.parent / "shared" / "data" / "geolife-sample"))
-
-
-def require_sample() -> Path:
-    root = sample_dir()
-    if not (root / "Data").is_dir():
-        message = f"GeoLife sample not found at {root} (set NEXTLOC_SAMPLE_DIR)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return root
-
-
-def sample_staypoints(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """All sample users' staypoints (sorted by user, start) and tripleg extents, from nextloc."""
-    users, _ = list_user_dirs(root)
-    sps, extents = [], []
-    for user_id, folder in users:
-        table, _ = read_user(user_id, list_plt_files(folder))
-        result = generate_staypoints(table.to_pandas())
-        sps.append(result.staypoints)
-        extents.append(
-            {"user_id": user_id, "tripleg_start": result.tripleg_start, "tripleg_end": result.tripleg_end}
-        )
-    extents = pd.DataFrame(extents)
-    for col in ("tripleg_start", "tripleg_end"):
-        extents[col] = pd.to_datetime(extents[col], utc=True)
-    return pd.concat(sps, ignore_index=True), extents
 
 
 def reference_dbscan_input(sp: pd.DataFrame, extents: pd.DataFrame) -> pd.DataFrame:
@@ -180,13 +144,8 @@ def assert_same_merge(ours: pd.DataFrame, theirs: pd.DataFrame) -> None:
 
 
 @pytest.fixture(scope="module")
-def sample() -> tuple[pd.DataFrame, pd.DataFrame]:
-    return sample_staypoints(require_sample())
-
-
-@pytest.fixture(scope="module")
-def dbscan_input(sample) -> pd.DataFrame:
-    return reference_dbscan_input(*sample)
+def dbscan_input(sample_staypoints) -> pd.DataFrame:
+    return reference_dbscan_input(*sample_staypoints)
 
 
 # --------------------------------------------------------------------------- #
@@ -196,8 +155,8 @@ def dbscan_input(sample) -> pd.DataFrame:
 
 class TestGenerateLocations:
     @pytest.mark.parametrize("selection", ["reference_input", "all_staypoints"])
-    def test_identical_to_sklearn_and_trackintel_on_sample(self, sample, dbscan_input, selection):
-        sp = dbscan_input if selection == "reference_input" else sample[0]
+    def test_identical_to_sklearn_and_trackintel_on_sample(self, sample_staypoints, dbscan_input, selection):
+        sp = dbscan_input if selection == "reference_input" else sample_staypoints[0]
         ours = generate_locations(sp, LocationConfig(epsilon_m=20, min_samples=2))
         labels = labels_of(ours)
 
@@ -216,8 +175,8 @@ class TestGenerateLocations:
         assert str(ours["location_id"].dtype) == "Int64"
         pd.testing.assert_frame_equal(ours.drop(columns="location_id"), dbscan_input)
 
-    def test_locate_staypoints_keeps_exactly_the_clustered_rows(self, sample, dbscan_input):
-        located = locate_staypoints(*sample, PreprocessConfig()).staypoints
+    def test_locate_staypoints_keeps_exactly_the_clustered_rows(self, sample_staypoints, dbscan_input):
+        located = locate_staypoints(*sample_staypoints, PreprocessConfig()).staypoints
         clustered = generate_locations(dbscan_input)
         clustered = clustered[clustered["location_id"].notna()].reset_index(drop=True)
         pd.testing.assert_frame_equal(located, clustered)
@@ -278,8 +237,8 @@ class TestGenerateLocations:
 
 class TestMergeStaypoints:
     @pytest.mark.filterwarnings(TI_CONCAT_EMPTY)
-    def test_identical_to_trackintel_on_sample(self, sample):
-        located = locate_staypoints(*sample, PreprocessConfig()).staypoints
+    def test_identical_to_trackintel_on_sample(self, sample_staypoints):
+        located = locate_staypoints(*sample_staypoints, PreprocessConfig()).staypoints
         sp = located[["user_id", "started_at", "finished_at", "location_id"]]
         ours = merge_staypoints(sp, 1.0)
         assert_same_merge(ours, trackintel_merge(sp))

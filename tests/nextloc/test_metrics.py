@@ -10,12 +10,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from nextloc.data import SampleTensors
 from nextloc.metrics import MetricAccumulator, evaluate_scores, rank_metrics, target_ranks
 
 
@@ -29,31 +27,6 @@ def _brute_force(scores: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tens
     order = torch.argsort(-scores.float(), dim=1, stable=True)
     ranks = (order == target[:, None]).nonzero()[:, 1] + 1
     return ranks, order[:, 0]
-
-
-def _samples_table(users: list[int], histories: list[list[int]], targets: list[int]) -> pa.Table:
-    lengths = [len(h) for h in histories]
-    zeros = [[0] * n for n in lengths]
-    list32 = pa.list_(pa.int32())
-    n = len(users)
-    return pa.table(
-        {
-            "staypoint_id": pa.array(range(n), pa.int64()),
-            "user_id": pa.array([100 + u for u in users], pa.int32()),
-            "user": pa.array(users, pa.int32()),
-            "loc_hist": pa.array(histories, list32),
-            "user_hist": pa.array([[u] * k for u, k in zip(users, lengths, strict=True)], list32),
-            "weekday_hist": pa.array(zeros, list32),
-            "start_min_hist": pa.array(zeros, list32),
-            "duration_hist": pa.array(zeros, list32),
-            "diff_hist": pa.array(zeros, list32),
-            "target_loc": pa.array(targets, pa.int32()),
-            "target_weekday": pa.array([0] * n, pa.int32()),
-            "target_start_min": pa.array([0] * n, pa.int32()),
-            "target_day": pa.array([10] * n, pa.int32()),
-            "hist_len": pa.array(lengths, pa.int32()),
-        }
-    )
 
 
 class TestTargetRanks:
@@ -279,17 +252,15 @@ class TestMetricAccumulator:
 
 
 class TestEvaluateScores:
-    def test_split_in_several_batches(self):
+    def test_split_in_several_batches(self, make_samples):
         """Five samples of users 1, 1, 2, 2, 2 in batches of 2. The score function scores X[-1] 1, all else 0:
         right for rows 0, 2, 4 (target == X[-1]); in rows 1 and 3 the target (2, 3) comes after X[-1] and the
         two zero-scored classes of lower index -> rank 4. Acc@1 60, MRR (3 + 2/4)/5;
         per user: user 1 (rows 0, 1) Acc@1 50, user 2 (rows 2-4) Acc@1 200/3."""
-        data = SampleTensors(
-            _samples_table(
-                users=[1, 1, 2, 2, 2],
-                histories=[[2, 3], [4, 3, 5], [2], [6, 6, 2], [3, 4, 5, 6]],
-                targets=[3, 2, 2, 3, 6],
-            )
+        data = make_samples(
+            users=[1, 1, 2, 2, 2],
+            histories=[[2, 3], [4, 3, 5], [2], [6, 6, 2], [3, 4, 5, 6]],
+            targets=[3, 2, 2, 3, 6],
         )
 
         def last_first(batch):

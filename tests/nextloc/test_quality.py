@@ -14,10 +14,8 @@ extents built from the staypoints and the tripleg extents that
 from __future__ import annotations
 
 import datetime
-import os
 import re
 import warnings
-from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
@@ -27,11 +25,9 @@ import trackintel as ti
 from trackintel.analysis.tracking_quality import _split_overlaps, temporal_tracking_quality
 
 from nextloc.config import QualityConfig
-from nextloc.geolife import list_plt_files, list_user_dirs, read_user
 from nextloc.quality import filter_users_by_quality, user_extents
 from nextloc.staypoints import create_activity_flag, generate_staypoints
 
-REPO = Path(__file__).resolve().parents[2]
 # From the sample's description: who passes the reference quality filter and who does not.
 QUALITY_USERS = {11, 73, 92, 99, 112, 155, 174, 181}
 FAILING_USERS = {60, 87, 178}
@@ -151,40 +147,6 @@ def _ref_get_tracking_quality(df, window_size):
 # --------------------------------------------------------------------------- #
 
 
-def sample_dir() -> Path:
-    return Path(os.environ.get("NEXTLOC_SAMPLE_DIR", REPO.parent / "shared" / "data" / "geolife-sample"))
-
-
-def require_sample() -> Path:
-    root = sample_dir()
-    if not (root / "Data").is_dir():
-        message = f"GeoLife sample not found at {root} (set NEXTLOC_SAMPLE_DIR)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return root
-
-
-def read_sample_positionfixes(root: Path) -> dict[int, pd.DataFrame]:
-    users, _ = list_user_dirs(root)
-    return {uid: read_user(uid, list_plt_files(folder))[0].to_pandas() for uid, folder in users}
-
-
-def nextloc_staypoints(pfs_by_user: dict[int, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """All users' staypoints and the per-user tripleg extents, from nextloc alone."""
-    sps, extents = [], []
-    for user_id, pfs in pfs_by_user.items():
-        result = generate_staypoints(pfs)
-        sps.append(result.staypoints)
-        extents.append(
-            {"user_id": user_id, "tripleg_start": result.tripleg_start, "tripleg_end": result.tripleg_end}
-        )
-    extents = pd.DataFrame(extents)
-    for col in ("tripleg_start", "tripleg_end"):
-        extents[col] = pd.to_datetime(extents[col], utc=True)
-    return pd.concat(sps, ignore_index=True), extents
-
-
 def reference_pipeline(pfs_by_user: dict[int, pd.DataFrame]):
     """The reference steps 1-3 with trackintel on all users at once: (sp, tpls, trips, kept users)."""
     df = pd.concat(pfs_by_user.values(), ignore_index=True)
@@ -233,21 +195,17 @@ def no_triplegs() -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def sample_pfs() -> dict[int, pd.DataFrame]:
-    return read_sample_positionfixes(require_sample())
+def ours(sample_staypoints):
+    """All users' staypoints and the per-user tripleg extents, from nextloc alone (the session's parse)."""
+    return sample_staypoints
 
 
 @pytest.fixture(scope="module")
-def ours(sample_pfs):
-    return nextloc_staypoints(sample_pfs)
-
-
-@pytest.fixture(scope="module")
-def reference(sample_pfs):
+def reference(sample_positionfixes):
     """The reference pipeline on the sample; it must raise only the warnings known for this data."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = reference_pipeline(sample_pfs)
+        out = reference_pipeline(sample_positionfixes)
     unexpected = [
         f"{w.category.__name__}: {w.message}"
         for w in caught

@@ -11,9 +11,7 @@ are ported below as independent oracles and compared with :mod:`nextloc.sequence
 
 from __future__ import annotations
 
-import os
 import warnings
-from pathlib import Path
 
 import geopandas as gpd
 import numpy as np
@@ -24,7 +22,6 @@ from sklearn.preprocessing import OrdinalEncoder
 
 from nextloc.config import PreprocessConfig, SampleConfig
 from nextloc.dataset import build_dataset, locate_staypoints
-from nextloc.geolife import list_plt_files, list_user_dirs, read_user
 from nextloc.locations import merge_staypoints
 from nextloc.sequences import (
     PAD,
@@ -37,9 +34,7 @@ from nextloc.sequences import (
     filter_users_with_targets,
     valid_targets,
 )
-from nextloc.staypoints import generate_staypoints
 
-REPO = Path(__file__).resolve().parents[2]
 PREVIOUS_DAY = 7
 DURATION_CAP = 60 * 24 * 2 - 1  # 2879
 REF_SPLIT_NAMES = {"train": "train", "vali": "val", "test": "test"}
@@ -254,37 +249,6 @@ def ref_duration(merged: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- #
 
 
-def sample_dir() -> Path:
-    return Path(os.environ.get("NEXTLOC_SAMPLE_DIR", REPO.parent / "shared" / "data" / "geolife-sample"))
-
-
-def require_sample() -> Path:
-    root = sample_dir()
-    if not (root / "Data").is_dir():
-        message = f"GeoLife sample not found at {root} (set NEXTLOC_SAMPLE_DIR)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return root
-
-
-def sample_located(root: Path) -> pd.DataFrame:
-    """Located (DBSCAN, noise dropped) activity staypoints of the quality users, from nextloc."""
-    users, _ = list_user_dirs(root)
-    sps, extents = [], []
-    for user_id, folder in users:
-        table, _ = read_user(user_id, list_plt_files(folder))
-        result = generate_staypoints(table.to_pandas())
-        sps.append(result.staypoints)
-        extents.append(
-            {"user_id": user_id, "tripleg_start": result.tripleg_start, "tripleg_end": result.tripleg_end}
-        )
-    extents = pd.DataFrame(extents)
-    for col in ("tripleg_start", "tripleg_end"):
-        extents[col] = pd.to_datetime(extents[col], utc=True)
-    return locate_staypoints(pd.concat(sps, ignore_index=True), extents, PreprocessConfig()).staypoints
-
-
 def trackintel_merge(located: pd.DataFrame) -> pd.DataFrame:
     """The reference merge (trackintel) of located staypoints: index ``id``, location_id Int64."""
     gdf = gpd.GeoDataFrame(
@@ -403,8 +367,9 @@ def hist_rows(sp: pd.DataFrame, sample: dict) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def located() -> pd.DataFrame:
-    return sample_located(require_sample())
+def located(sample_staypoints) -> pd.DataFrame:
+    """Located (DBSCAN, noise dropped) activity staypoints of the quality users, from nextloc."""
+    return locate_staypoints(*sample_staypoints, PreprocessConfig()).staypoints
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,6 @@ staypoints, bit for bit: same count, same ``started_at``/``finished_at``, same c
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import geopandas as gpd
 import numpy as np
 import pandas as pd
@@ -22,10 +19,8 @@ import pytest
 import trackintel  # noqa: F401  (registers the .as_positionfixes accessor)
 
 from nextloc.config import StaypointConfig
-from nextloc.geolife import list_plt_files, list_user_dirs, read_user
 from nextloc.staypoints import generate_staypoints
 
-REPO = Path(__file__).resolve().parents[2]
 SAMPLE_USERS = [11, 60, 73, 87, 92, 99, 112, 155, 174, 178, 181]
 USERS_WITH_EXACT_DUPLICATES = {112: 2}  # user -> number of exact duplicate positionfixes in the sample
 
@@ -54,32 +49,6 @@ AWAY = (39.994702, 116.318417)
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
-
-
-def sample_dir() -> Path:
-    """The GeoLife sample (original ``Data/NNN/Trajectory/*.plt`` layout)."""
-    return Path(os.environ.get("NEXTLOC_SAMPLE_DIR", REPO.parent / "shared" / "data" / "geolife-sample"))
-
-
-def require_sample() -> Path:
-    root = sample_dir()
-    if not (root / "Data").is_dir():
-        message = f"GeoLife sample not found at {root} (set NEXTLOC_SAMPLE_DIR)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return root
-
-
-def read_sample_positionfixes(root: Path) -> dict[int, pd.DataFrame]:
-    """nextloc's parse of every sample user, as pandas, in read order."""
-    users, _ = list_user_dirs(root)
-    out = {}
-    for user_id, folder in users:
-        table, report = read_user(user_id, list_plt_files(folder))
-        assert report.rows_skipped == 0, report.to_dict()
-        out[user_id] = table.to_pandas()
-    return out
 
 
 def to_trackintel_pfs(pfs: pd.DataFrame) -> gpd.GeoDataFrame:
@@ -144,8 +113,13 @@ def spans(staypoints: pd.DataFrame) -> list[tuple[float, float]]:
 
 
 @pytest.fixture(scope="module")
-def sample_pfs() -> dict[int, pd.DataFrame]:
-    return read_sample_positionfixes(require_sample())
+def sample_pfs(sample_reads) -> dict[int, pd.DataFrame]:
+    """nextloc's parse of every sample user, as pandas, in read order (no row may be skipped)."""
+    out = {}
+    for user_id, (pfs, report) in sample_reads.items():
+        assert report.rows_skipped == 0, report.to_dict()
+        out[user_id] = pfs
+    return out
 
 
 # --------------------------------------------------------------------------- #
