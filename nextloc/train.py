@@ -10,6 +10,11 @@ Recipes (reference-protocol.md section 2):
   then linear decay to 0 at 50 epochs, stepped per batch until the first early stop; early stopping on
   the mean validation loss with delta 1e-3 and patience 3; each trigger reloads the best weights and
   multiplies the learning rate by 0.1; the third trigger ends training (at most 100 epochs).
+* ``pointer_plus`` (nextloc): the pointer recipe, but the epoch count is chosen on validation MRR with a
+  cosine over 15 epochs (patience 3), then a fresh model is trained on train + val for that many epochs
+  with the rate annealed over them; batches are bucketed by history length (measured: no accuracy cost
+  for this model, about 2x faster). The reference recipes draw plain shuffled batches: bucketing cost
+  the reference MHSA about 1.5 MRR points and the reference pointer about 1 Acc@1 point here.
 * ``pointer``: AdamW 6.5e-4, betas (0.9, 0.98), eps 1e-9, wd 0.015, batch 128, clip 0.8, label smoothing
   0.03 on the log-probabilities; per-epoch LR: 5 warmup epochs then cosine to 1e-6 over 45 epochs;
   early stopping on validation loss (strict improvement), patience 5, at least 8 epochs, at most 50.
@@ -70,7 +75,7 @@ class TrainConfig:
     select_best: bool = True
     refit_on_train_val: bool = False
     drop_last: bool = True
-    bucket: bool = True
+    bucket: bool = False
     amp: bool = True
     seed: int = 0
     deterministic: bool = True
@@ -112,6 +117,7 @@ class TrainConfig:
                     patience=3,
                     min_epochs=0,
                     refit_on_train_val=True,
+                    bucket=True,
                 )
         else:
             raise ValueError(
