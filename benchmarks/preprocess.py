@@ -45,6 +45,7 @@ def main() -> int:
     raw = args.raw_dir or _unpack(args.work_dir)
     data_dir = args.work_dir / "out"
     shutil.rmtree(data_dir, ignore_errors=True)
+    (args.work_dir / "prefect").mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "PREFECT_HOME": str(args.work_dir / "prefect"),

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,13 +53,13 @@ def main() -> int:
         }
     if args.five_seeds:
         start = time.perf_counter()
-        procs = []
-        results = []
-        for seed in range(5):
-            procs.append(_spawn(args.data_dir, "pointer_plus", seed, "full", args.epochs))
-            if len(procs) == 2 or seed == 4:
-                results += [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-                procs = []
+        with ThreadPoolExecutor(max_workers=2) as pool:  # 2 training processes at a time, queued
+            results = list(
+                pool.map(
+                    lambda seed: _subprocess(args.data_dir, "pointer_plus", seed, "full", args.epochs),
+                    range(5),
+                )
+            )
         wall = time.perf_counter() - start
         acc = [r["acc@1"] for r in results]
         mrr = [r["mrr"] for r in results]

@@ -251,7 +251,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     model_set, train_set = _kv(args.model_set), _kv(args.train_set)
     neural = [m for m in models if m in ("mhsa", "pointer", "pointer_plus", "lstm")]
-    runner = ProcessPoolTaskRunner(max_workers=max(1, args.workers))
+    workers = max(1, args.workers)
+    os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    runner = ProcessPoolTaskRunner(max_workers=workers)
     result = train.with_options(task_runner=runner)(
         data_dir=str(args.data_dir),
         models=models,
@@ -304,15 +306,15 @@ def _print_leaderboard(board: dict[str, Any], caption: str) -> None:
 
     keys = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
     table = Table(title="test metrics (%), mean +- std over seeds", caption=caption)
-    table.add_column("model")
+    table.add_column("model", no_wrap=True)
     table.add_column("seeds", justify="right")
     for key in keys:
-        table.add_column(key, justify="right")
+        table.add_column(key, justify="right", no_wrap=True)
     for kind, row in sorted(board.items(), key=lambda kv: -kv[1]["acc@1"]["mean"]):
         table.add_row(
             kind, str(row["acc@1"]["n"]), *(f"{row[k]['mean']:.2f} +- {row[k]['std']:.2f}" for k in keys)
         )
-    Console().print(table)
+    Console(width=max(120, Console().width)).print(table)
 
 
 def _cmd_download(args: argparse.Namespace) -> int:

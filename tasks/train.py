@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -86,7 +87,8 @@ def train_model_task(
         raise ValueError(f"unknown model {kind!r}; expected one of {list(MODEL_KINDS)}")
     dev = resolve_device(device)
     if dev.type == "cpu" and "num_threads" not in train_overrides:
-        torch.set_num_threads(1)  # small models: one intra-op thread is about 2x faster than two
+        # trainings running side by side share the cores (the CLI sets this from --workers)
+        torch.set_num_threads(int(os.environ.get("NEXTLOC_TORCH_THREADS", os.cpu_count() or 1)))
     meta = json.loads(Path(data.metadata.path).read_text())
     splits = {s: SampleTensors.from_parquet(Path(data.samples[s].path), dev) for s in SPLITS}
     vocab = {"total_loc_num": meta["total_loc_num"], "total_user_num": meta["total_user_num"]}
