@@ -32,6 +32,7 @@ def configure_environment(project_dir: Path | None = None) -> None:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "nextloc",
+        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PREFECT_LOGGING_LEVEL": "INFO",
     }
