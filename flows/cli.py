@@ -78,13 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "run", help="the main job: find (or unpack, or download) GeoLife, preprocess, train, evaluate."
     )
     r.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    r.add_argument("--model", default="markov,mhsa,pointer_plus")
-    r.add_argument("--seeds", default="0")
-    r.add_argument("--device", default="auto")
-    r.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    r.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE")
-    r.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE")
-    _add_tracking_options(r)
+    _add_train_options(r)
     r.add_argument(
         "--raw-dir",
         default=None,
@@ -97,31 +91,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "train", help="train/evaluate models on preprocessed samples; every run goes to MLflow."
     )
     t.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    t.add_argument(
-        "--model",
-        default="markov,mhsa,pointer_plus",
-        help="comma list of: mhsa, pointer (reference V45), pointer_plus (nextloc), lstm, markov, most_frequent, last_location",
-    )
-    t.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
-    t.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    t.add_argument(
-        "--workers", type=int, default=min(2, os.cpu_count() or 1), help="trainings at once (processes)"
-    )
-    t.add_argument(
-        "--model-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="model config override, e.g. d_model=96 (all chosen models)",
-    )
-    t.add_argument(
-        "--train-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="training override, e.g. max_epochs=5",
-    )
-    _add_tracking_options(t)
+    _add_train_options(t)
     t.set_defaults(func=_cmd_train)
 
     e = sub.add_parser(
@@ -159,6 +129,34 @@ def _build_parser() -> argparse.ArgumentParser:
     d.add_argument("--sha256", default=None, help="expected sha256 of the zip")
     d.set_defaults(func=_cmd_download)
     return parser
+
+
+def _add_train_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="markov,mhsa,pointer_plus",
+        help="comma list of: mhsa, pointer (reference V45), pointer_plus (nextloc), lstm, markov, most_frequent, last_location",
+    )
+    parser.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    parser.add_argument(
+        "--workers", type=int, default=min(2, os.cpu_count() or 1), help="trainings at once (processes)"
+    )
+    parser.add_argument(
+        "--model-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model config override, e.g. d_model=96 (all chosen models)",
+    )
+    parser.add_argument(
+        "--train-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="training override, e.g. max_epochs=5",
+    )
+    _add_tracking_options(parser)
 
 
 def _add_tracking_options(parser: argparse.ArgumentParser) -> None:
@@ -219,6 +217,8 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
     if args.raw_dir:
+        if not Path(args.raw_dir).exists():
+            raise FileNotFoundError(f"--raw-dir {args.raw_dir} does not exist")
         raw_dir, source = Path(args.raw_dir), f"--raw-dir {args.raw_dir}"
     else:
         from nextloc.rawdata import locate_raw_data
