@@ -247,11 +247,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from prefect.task_runners import ProcessPoolTaskRunner
 
     from flows.train import train
+    from tasks.train import NEURAL
 
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     model_set, train_set = _kv(args.model_set), _kv(args.train_set)
-    neural = [m for m in models if m in ("mhsa", "pointer", "pointer_plus", "lstm")]
+    neural = [m for m in models if m in NEURAL]
     workers = max(1, args.workers)
     os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     runner = ProcessPoolTaskRunner(max_workers=workers)

@@ -123,17 +123,12 @@ def dataset_ref(data_dir: str) -> DataRef:
 
 def leaderboard(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
     """Mean and standard deviation over seeds of each test metric, per model."""
-    import numpy as np
+    from tasks.evaluate import summarise
 
     board: dict[str, dict[str, dict[str, float]]] = {}
     for kind in dict.fromkeys(r["kind"] for r in results):
         rows = [r["results"] for r in results if r["kind"] == kind]
         board[kind] = {}
         for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1"):
-            values = np.array([row[key] for row in rows], dtype=float)
-            board[kind][key] = {
-                "mean": float(values.mean()),
-                "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
-                "n": len(values),
-            }
+            board[kind][key] = summarise([row[key] for row in rows])
     return board

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nextloc.data import SampleTensors
-from nextloc.metrics import MetricAccumulator
+from nextloc.metrics import MetricAccumulator, evaluate_scores
 
 logger = logging.getLogger(__name__)
 
@@ -364,17 +364,16 @@ def evaluate_loss(
     return float(torch.stack(losses).mean()), acc.compute()
 
 
-@torch.no_grad()
 def predict_scores(model: nn.Module, data: SampleTensors, batch_size: int = 512) -> MetricAccumulator:
     """Score every sample of a split with ``model`` and accumulate the metrics."""
     model.eval()
-    acc = MetricAccumulator()
     use_amp = data.device.type == "cuda"
-    for batch in data.batches(batch_size):
+
+    def score(batch):
         with torch.autocast(data.device.type, dtype=torch.float16, enabled=use_amp):
-            out = model(batch)
-        acc.update(out.float(), batch.target, batch.index)
-    return acc
+            return model(batch).float()
+
+    return evaluate_scores(score, data, batch_size)[1]
 
 
 def _loss(

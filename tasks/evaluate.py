@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import torch
 
 from nextloc.data import SampleTensors
-from nextloc.metrics import MetricAccumulator
+from nextloc.metrics import evaluate_scores
 from nextloc.serving import PACKED_FEATURES, pack_histories, top_k
 from tasks import tracking
 
@@ -35,12 +35,8 @@ def evaluate_registered(
     """Metrics of a registered model on one split of a preprocessed dataset."""
     scorer = load_scorer(kind, alias, tracking_uri, experiment)
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
-    acc = MetricAccumulator()
-    with torch.no_grad():
-        for batch in data.batches(512):
-            packed = _pack_batch(batch)
-            acc.update(scorer(packed), batch.target, batch.index)
-    return {"model": model_uri(kind, alias), "split": split, **acc.compute()}
+    metrics, _ = evaluate_scores(lambda batch: scorer(_pack_batch(batch)), data, batch_size=512)
+    return {"model": model_uri(kind, alias), "split": split, **metrics}
 
 
 def predict_top_k(
@@ -77,12 +73,18 @@ def leaderboard_from_mlflow(
         for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1"):
             col = f"metrics.test_{key.replace('@', '_at_')}"
             values = group[col].dropna().to_numpy(float) if col in group else np.array([])
-            board[kind][key] = {
-                "mean": float(values.mean()) if len(values) else float("nan"),
-                "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
-                "n": int(len(values)),
-            }
+            board[kind][key] = summarise(values)
     return board, note
+
+
+def summarise(values: Any) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value) and count of a metric over seeds."""
+    values = np.asarray(values, dtype=float)
+    return {
+        "mean": float(values.mean()) if len(values) else float("nan"),
+        "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+        "n": int(len(values)),
+    }
 
 
 def _pack_batch(batch) -> torch.Tensor:

@@ -15,7 +15,7 @@ from prefect import get_run_logger, task
 
 from nextloc.baselines import LastLocationBaseline, MarkovBaseline, MostFrequentBaseline
 from nextloc.data import SampleTensors
-from nextloc.metrics import MetricAccumulator
+from nextloc.metrics import evaluate_scores
 from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
 from nextloc.sequences import SPLITS
 from nextloc.serving import pack_histories
@@ -200,10 +200,7 @@ def _summarise(result: dict[str, Any], splits: dict[str, SampleTensors]) -> dict
         if model is not None:
             acc = predict_scores(model, splits[split])
         else:
-            acc = MetricAccumulator()
-            with torch.no_grad():
-                for batch in splits[split].batches(512):
-                    acc.update(result["scorer"](batch), batch.target, batch.index)
+            _, acc = evaluate_scores(result["scorer"], splits[split], batch_size=512)
         out[split] = acc.compute()
         if split == "test":
             out["per_user"] = acc.per_user(splits["test"].user_id_np)
