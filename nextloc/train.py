@@ -21,18 +21,30 @@ Recipes (reference-protocol.md section 2):
 
 CUDA (when present): fp16 autocast with a gradient scaler, tensors already on the device, pinned host
 memory and non-blocking copies for anything that crosses; CPU otherwise (fp32).
+
+Resuming (``fit(..., resume_path=...)``, ``fit_model(..., checkpoint_dir=...)``): after every completed epoch
+the whole loop state is written atomically (model, optimizer, scheduler, gradient scaler, EMA, best weights,
+early-stopping counters, history, the batch-shuffling generator and the global torch/CUDA/NumPy/Python RNG
+states, which dropout draws from). A call that finds a resume file written for the same training config,
+the same identically initialised model, the same device type and the same samples continues after its
+epoch; after a crash (even SIGKILL) the weights, history and best epoch come out bit-identical to an
+uninterrupted run on the same machine. A file from anything else, or one that cannot be read (truncated,
+corrupt), is ignored with a warning and training starts from scratch. Timing fields are not part of that
+guarantee: see :class:`FitResult`.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 import math
 import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +59,13 @@ from nextloc.metrics import MetricAccumulator, evaluate_scores
 logger = logging.getLogger(__name__)
 
 LogMetrics = Callable[[dict[str, float], int], None]
+
+RESUME_FORMAT = 1  # bump when the resume file layout changes (older files are then ignored)
+SELECTION_CHECKPOINT = "selection.pt"
+REFIT_CHECKPOINT = "refit.pt"
+_RESUME_KEYS = frozenset(
+    {"format", "fingerprint", "progress", "model", "optimizer", "scheduler", "scaler", "ema", "rng"}
+)
 
 
 @dataclass(frozen=True)
@@ -133,7 +152,14 @@ class TrainConfig:
 
 @dataclass
 class FitResult:
-    """What training produced (the model holds the best weights)."""
+    """What training produced (the model holds the best weights).
+
+    After a resume, ``model``, ``best_epoch``, ``best_val_loss``, ``epochs`` and ``history`` are identical
+    to an uninterrupted run's. The timing fields are not: ``train_seconds`` is the wall time recorded up
+    to the resumed epoch plus this call's (the partial epoch lost in the crash and the gap before the
+    rerun are not counted), ``seconds_to_best`` is restored when the best epoch came before the crash, and
+    ``train_samples_per_s`` is computed over the training batches of all epochs, whichever call ran them.
+    """
 
     model: nn.Module
     best_epoch: int
@@ -143,6 +169,28 @@ class FitResult:
     train_seconds: float = 0.0
     seconds_to_best: float = 0.0
     train_samples_per_s: float = 0.0  # training batches only (validation excluded)
+    resumed_from_epoch: int = 0  # epochs restored from a resume file (0: trained from scratch)
+
+
+@dataclass
+class _Progress:
+    """The loop's bookkeeping, saved with every resume state (modules and RNGs are saved beside it)."""
+
+    best_state: dict[str, torch.Tensor]
+    epoch: int = 0  # last completed epoch
+    finished: bool = False  # the loop ended (max_epochs reached or early stopping exhausted)
+    best_score: float = math.inf
+    best_loss: float = math.inf
+    best_epoch: int = 0
+    bad_epochs: int = 0
+    drops: int = 0
+    schedule_active: bool = True
+    history: list[dict[str, float]] = field(default_factory=list)
+    # timing: not covered by the identical-results guarantee
+    elapsed: float = 0.0
+    seconds_to_best: float = 0.0
+    n_trained: int = 0
+    train_loop_seconds: float = 0.0
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -175,17 +223,23 @@ def fit(
     log_prob_output: bool,
     log_metrics: LogMetrics | None = None,
     checkpoint_path: Path | None = None,
+    resume_path: Path | None = None,
 ) -> FitResult:
     """Train ``model`` with ``config``'s recipe; return it with the best validation weights loaded.
 
     Args:
-        model: a ``nextloc.models`` module (already on the device of ``train``).
+        model: a ``nextloc.models`` module (already on the device of ``train``), freshly initialised.
         train: training samples on the device.
         val: validation samples on the same device.
         config: the recipe.
         log_prob_output: True if the model returns log-probabilities (pointer), False for logits.
-        log_metrics: called as ``log_metrics({"train_loss": ..., "val_loss": ..., "val_acc@1": ...}, epoch)``.
+        log_metrics: called as ``log_metrics({"train_loss": ..., "val_loss": ..., "val_acc@1": ...}, epoch)``
+            for each epoch this call trains, after that epoch's resume state is written (epochs restored
+            from a resume file are not reported again; their records are in ``FitResult.history``).
         checkpoint_path: if given, the best weights are also written there (atomically) after each improvement.
+        resume_path: if given, the full training state is written there (atomically) after every epoch,
+            and a valid state found there on entry is resumed (see the module docstring). The file is
+            kept when training ends, so calling again with it returns the same result without training.
 
     Returns:
         A :class:`FitResult`.
@@ -194,30 +248,41 @@ def fit(
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     seed_everything(config.seed, config.deterministic)
-    gen = torch.Generator().manual_seed(config.seed)
     use_amp = config.amp and device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
-    optimizer = _optimizer(model, config)
     steps_per_epoch = _steps_per_epoch(len(train), config)
-    scheduler = _scheduler(optimizer, config, steps_per_epoch)
+    gen, scaler, optimizer, scheduler, ema = _training_objects(model, config, steps_per_epoch, use_amp)
+    progress = _Progress(best_state=copy.deepcopy(model.state_dict()))
 
-    best_state = copy.deepcopy(model.state_dict())
-    best_score, best_loss, best_epoch, bad_epochs, drops = math.inf, math.inf, 0, 0, 0
-    schedule_active = True
-    history: list[dict[str, float]] = []
-    ema = (
-        torch.optim.swa_utils.AveragedModel(
-            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(config.ema_decay)
-        )
-        if config.ema_decay > 0
-        else None
-    )
-    start = time.perf_counter()
-    seconds_to_best = 0.0
-    n_trained = 0
-    train_loop_seconds = 0.0
-    epoch = 0
-    for epoch in range(1, config.max_epochs + 1):
+    fingerprint = ""
+    if resume_path is not None:
+        fingerprint = _resume_fingerprint(model, train, val, config)
+        state = _read_resume(resume_path, fingerprint)
+        if state is not None:
+            try:
+                progress = _restore(state, model, optimizer, scheduler, scaler, ema, gen)
+            except Exception as exc:  # a damaged state that passed the checks: never worth a crash
+                logger.warning(
+                    "cannot resume from %s (%s: %s); training from scratch",
+                    resume_path,
+                    type(exc).__name__,
+                    exc,
+                )
+                model.load_state_dict(progress.best_state)  # the initial weights
+                seed_everything(config.seed, config.deterministic)
+                gen, scaler, optimizer, scheduler, ema = _training_objects(
+                    model, config, steps_per_epoch, use_amp
+                )
+            else:
+                logger.info(
+                    "resumed from %s after epoch %d%s",
+                    resume_path,
+                    progress.epoch,
+                    " (training had ended)" if progress.finished else "",
+                )
+    resumed_from_epoch = progress.epoch
+    start = time.perf_counter() - progress.elapsed
+    last_epoch = progress.epoch if progress.finished else config.max_epochs
+    for epoch in range(progress.epoch + 1, last_epoch + 1):
         if config.recipe == "pointer":
             _set_lr(optimizer, _pointer_lr(epoch - 1, config))
         model.train()
@@ -237,14 +302,14 @@ def fit(
             nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
             scaler.step(optimizer)
             scaler.update()
-            if scheduler is not None and schedule_active:
+            if scheduler is not None and progress.schedule_active:
                 scheduler.step()
             if ema is not None:
                 ema.update_parameters(model)
             total += loss.detach() * len(batch.target)
             count += len(batch.target)
-        n_trained += count
-        train_loop_seconds += time.perf_counter() - epoch_start
+        progress.n_trained += count
+        progress.train_loop_seconds += time.perf_counter() - epoch_start
         evaluated = ema.module if ema is not None else model
         val_loss, val_metrics = evaluate_loss(evaluated, val, config, log_prob_output)
         train_loss = float(total / max(count, 1))
@@ -254,9 +319,7 @@ def fit(
             "lr": optimizer.param_groups[0]["lr"],
             **{f"val_{k}": v for k, v in val_metrics.items() if k != "n"},
         }
-        history.append(record)
-        if log_metrics is not None:
-            log_metrics(record, epoch)
+        progress.history.append(record)
         logger.info(
             "epoch %d: train_loss %.4f val_loss %.4f val_acc@1 %.2f",
             epoch,
@@ -265,45 +328,61 @@ def fit(
             val_metrics["acc@1"],
         )
 
+        stop = False
         score = val_loss if config.monitor == "val_loss" else -record[config.monitor]
-        if score < best_score - config.es_delta:
-            best_score, best_loss, best_epoch, bad_epochs = score, val_loss, epoch, 0
+        if score < progress.best_score - config.es_delta:
+            progress.best_score, progress.best_loss, progress.best_epoch = score, val_loss, epoch
+            progress.bad_epochs = 0
             if config.select_best:
-                best_state = copy.deepcopy(evaluated.state_dict())
-            seconds_to_best = time.perf_counter() - start
+                progress.best_state = copy.deepcopy(evaluated.state_dict())
+            progress.seconds_to_best = time.perf_counter() - start
             if checkpoint_path is not None:
-                _save_checkpoint(checkpoint_path, best_state, epoch, best_loss, config)
-            continue
-        bad_epochs += 1
-        if bad_epochs < config.patience or epoch < config.min_epochs:
-            continue
-        if drops >= config.lr_drops:
+                _save_checkpoint(checkpoint_path, progress.best_state, epoch, progress.best_loss, config)
+        else:
+            progress.bad_epochs += 1
+            if progress.bad_epochs >= config.patience and epoch >= config.min_epochs:
+                if progress.drops >= config.lr_drops:
+                    stop = True
+                else:
+                    # mhsa recipe: reload the best weights, lr x 0.1, the warmup/decay schedule stops for good
+                    progress.drops += 1
+                    progress.bad_epochs = 0
+                    progress.schedule_active = False
+                    model.load_state_dict(progress.best_state)
+                    for group in optimizer.param_groups:
+                        group["lr"] *= 0.1
+                    logger.info(
+                        "early stop %d: best epoch %d, lr -> %.2e",
+                        progress.drops,
+                        progress.best_epoch,
+                        optimizer.param_groups[0]["lr"],
+                    )
+        progress.epoch = epoch
+        progress.finished = stop or epoch == config.max_epochs
+        if resume_path is not None:
+            # written before log_metrics: a crash from here on loses nothing of this epoch
+            progress.elapsed = time.perf_counter() - start
+            _save_resume(resume_path, fingerprint, progress, model, optimizer, scheduler, scaler, ema, gen)
+        if log_metrics is not None:
+            log_metrics(record, epoch)
+        if stop:
             break
-        # mhsa recipe: reload the best weights, lr x 0.1, the warmup/decay schedule stops for good
-        drops += 1
-        bad_epochs = 0
-        schedule_active = False
-        model.load_state_dict(best_state)
-        for group in optimizer.param_groups:
-            group["lr"] *= 0.1
-        logger.info(
-            "early stop %d: best epoch %d, lr -> %.2e", drops, best_epoch, optimizer.param_groups[0]["lr"]
-        )
 
     if config.select_best:
-        model.load_state_dict(best_state)
+        model.load_state_dict(progress.best_state)
     elif ema is not None:
         model.load_state_dict(ema.module.state_dict())
     elapsed = time.perf_counter() - start
     return FitResult(
         model=model,
-        best_epoch=best_epoch,
-        best_val_loss=best_loss,
-        epochs=epoch,
-        history=history,
+        best_epoch=progress.best_epoch,
+        best_val_loss=progress.best_loss,
+        epochs=progress.epoch,
+        history=progress.history,
         train_seconds=elapsed,
-        seconds_to_best=seconds_to_best,
-        train_samples_per_s=n_trained / max(train_loop_seconds, 1e-9),
+        seconds_to_best=progress.seconds_to_best,
+        train_samples_per_s=progress.n_trained / max(progress.train_loop_seconds, 1e-9),
+        resumed_from_epoch=resumed_from_epoch,
     )
 
 
@@ -315,17 +394,37 @@ def fit_model(
     *,
     log_prob_output: bool,
     log_metrics: LogMetrics | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> tuple[FitResult, FitResult | None]:
     """``fit`` a fresh model; with ``refit_on_train_val``, then retrain a fresh one on train + val.
 
     The refit runs the selected number of epochs with the learning rate annealed over them and keeps its
     final weights (validation is part of its training data, so it selects nothing).
 
+    Args:
+        build: returns a freshly (and reproducibly: seed it) initialised model on the samples' device.
+        train: training samples.
+        val: validation samples.
+        config: the recipe.
+        log_prob_output: True if the model returns log-probabilities.
+        log_metrics: per-epoch callback of the selection run (see :func:`fit`).
+        checkpoint_dir: if given, the selection run resumes from / writes ``<dir>/selection.pt`` and the refit
+            ``<dir>/refit.pt`` (see :func:`fit`'s ``resume_path``). The files are kept after success (a
+            rerun then returns the same results without training); deleting them is the caller's call.
+
     Returns:
         ``(selection, refit)``: the selection run (its validation metrics are the honest ones) and the
         refit run, or ``None`` without ``refit_on_train_val``. The model to use is ``(refit or selection).model``.
     """
-    selection = fit(build(), train, val, config, log_prob_output=log_prob_output, log_metrics=log_metrics)
+    selection = fit(
+        build(),
+        train,
+        val,
+        config,
+        log_prob_output=log_prob_output,
+        log_metrics=log_metrics,
+        resume_path=checkpoint_dir / SELECTION_CHECKPOINT if checkpoint_dir is not None else None,
+    )
     if not config.refit_on_train_val:
         return selection, None
     # Same epoch count, but the learning rate anneals over it (one epoch at the peak rate, then the cosine
@@ -342,7 +441,14 @@ def fit_model(
         refit_on_train_val=False,
     )
     logger.info("refit on train + val for %d epochs", final_config.max_epochs)
-    refit = fit(build(), train.concat(val), val, final_config, log_prob_output=log_prob_output)
+    refit = fit(
+        build(),
+        train.concat(val),
+        val,
+        final_config,
+        log_prob_output=log_prob_output,
+        resume_path=checkpoint_dir / REFIT_CHECKPOINT if checkpoint_dir is not None else None,
+    )
     return selection, refit
 
 
@@ -427,8 +533,217 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
+def _training_objects(
+    model: nn.Module, config: TrainConfig, steps_per_epoch: int, use_amp: bool
+) -> tuple[
+    torch.Generator,
+    torch.amp.GradScaler,
+    torch.optim.Optimizer,
+    torch.optim.lr_scheduler.LambdaLR | None,
+    torch.optim.swa_utils.AveragedModel | None,
+]:
+    """Fresh batch-shuffling generator, gradient scaler, optimizer, scheduler and EMA (or None) for a run."""
+    gen = torch.Generator().manual_seed(config.seed)
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    optimizer = _optimizer(model, config)
+    scheduler = _scheduler(optimizer, config, steps_per_epoch)
+    ema = (
+        torch.optim.swa_utils.AveragedModel(
+            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(config.ema_decay)
+        )
+        if config.ema_decay > 0
+        else None
+    )
+    return gen, scaler, optimizer, scheduler, ema
+
+
 def _save_checkpoint(path: Path, state: dict, epoch: int, val_loss: float, config: TrainConfig) -> None:
+    _atomic_save({"model": state, "epoch": epoch, "val_loss": val_loss, "config": asdict(config)}, path)
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, flushed to disk, then renamed over ``path``.
+
+    A crash at any point leaves either the previous file or the new one, never a partial file at ``path``
+    (a stale ``.tmp`` left by a crash is overwritten by the next save).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({"model": state, "epoch": epoch, "val_loss": val_loss, "config": asdict(config)}, tmp)
+    with open(tmp, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The raw bytes of a tensor (any dtype, any device)."""
+    return tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
+def _resume_fingerprint(
+    model: nn.Module, train: SampleTensors, val: SampleTensors, config: TrainConfig
+) -> str:
+    """What a resume file must have been written for: the same run, up to where it stopped.
+
+    Covers the whole training config, the device type, the model's class, configuration, structure
+    (``repr``, which includes e.g. dropout rates), state-dict keys, shapes, dtypes and initial values (so
+    the model must be built the same way, seed included), and every feature of the train and val samples.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+
+    def add(text: str) -> None:
+        digest.update(text.encode() + b"\n")
+
+    add(f"nextloc resume format {RESUME_FORMAT}")
+    add(json.dumps(asdict(config), sort_keys=True))
+    add(f"device {train.device.type}")
+    add(f"{type(model).__module__}.{type(model).__qualname__}")
+    model_config = getattr(model, "config", None)
+    if is_dataclass(model_config) and not isinstance(model_config, type):
+        add(json.dumps(asdict(model_config), sort_keys=True, default=str))
+    add(repr(model))
+    for name, tensor in model.state_dict().items():
+        add(f"{name} {tuple(tensor.shape)} {tensor.dtype}")
+        digest.update(_tensor_bytes(tensor))
+    for split in (train, val):
+        add(f"samples {len(split)}")
+        if len(split):
+            batch = split.batch(torch.arange(len(split), device=split.device))
+            for f in fields(batch):
+                digest.update(_tensor_bytes(getattr(batch, f.name)))
+    return digest.hexdigest()
+
+
+def _rng_state(gen: torch.Generator) -> dict[str, Any]:
+    """Every random number generator the loop draws from (NumPy's as tensors, so the file loads weights-only)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "batches": gen.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(rng: dict[str, Any], gen: torch.Generator) -> None:
+    """Restore what :func:`_rng_state` captured."""
+    gen.set_state(rng["batches"])
+    torch.set_rng_state(rng["torch"])
+    if torch.cuda.is_available():
+        if len(rng["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        else:
+            logger.warning(
+                "CUDA device count changed since the resume state was written; CUDA RNG not restored"
+            )
+    state = rng["numpy"]
+    np.random.set_state(
+        (
+            state["name"],
+            state["keys"].numpy().astype(np.uint32),
+            state["pos"],
+            state["has_gauss"],
+            state["cached_gaussian"],
+        )
+    )
+    version, internal, gauss_next = rng["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def _save_resume(
+    path: Path,
+    fingerprint: str,
+    progress: _Progress,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None,
+    scaler: torch.amp.GradScaler,
+    ema: torch.optim.swa_utils.AveragedModel | None,
+    gen: torch.Generator,
+) -> None:
+    """Atomically write everything the loop needs to continue after ``progress.epoch``."""
+    state = {
+        "format": RESUME_FORMAT,
+        "fingerprint": fingerprint,
+        "progress": {f.name: getattr(progress, f.name) for f in fields(progress)},
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict(),
+        "ema": ema.state_dict() if ema is not None else None,
+        "rng": _rng_state(gen),
+    }
+    _atomic_save(state, path)
+
+
+def _read_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The resume state at ``path`` if it exists, is readable and was written for ``fingerprint``; else None.
+
+    Anything unusable is ignored with a warning (the caller then trains from scratch), never raised.
+    """
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated or corrupt: zip, unpickling, EOF and I/O errors alike
+        logger.warning(
+            "ignoring unreadable resume file %s (%s: %s); training from scratch",
+            path,
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    if (
+        not isinstance(state, dict)
+        or state.get("format") != RESUME_FORMAT
+        or not _RESUME_KEYS.issubset(state)
+        or not isinstance(state["progress"], dict)
+        or set(state["progress"]) != {f.name for f in fields(_Progress)}
+    ):
+        logger.warning(
+            "ignoring %s: not a resume file of format %d; training from scratch", path, RESUME_FORMAT
+        )
+        return None
+    if state["fingerprint"] != fingerprint:
+        logger.warning(
+            "ignoring resume file %s: written for another training config, model, device or data; "
+            "training from scratch",
+            path,
+        )
+        return None
+    return state
+
+
+def _restore(
+    state: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None,
+    scaler: torch.amp.GradScaler,
+    ema: torch.optim.swa_utils.AveragedModel | None,
+    gen: torch.Generator,
+) -> _Progress:
+    """Load a resume state (from :func:`_read_resume`) into the run's objects; return its progress."""
+    current = model.state_dict()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if (scheduler is None) != (state["scheduler"] is None) or (ema is None) != (state["ema"] is None):
+        raise ValueError("scheduler/EMA presence differs from the resume state")
+    if scheduler is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    if ema is not None:
+        ema.load_state_dict(state["ema"])
+    progress = _Progress(**state["progress"])
+    # the best weights live where the model does (they were mapped to the CPU for loading)
+    progress.best_state = {k: v.to(current[k].device) for k, v in progress.best_state.items()}
+    _set_rng_state(state["rng"], gen)
+    return progress

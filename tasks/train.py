@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import mlflow
 import torch
@@ -32,6 +33,8 @@ BASELINES = {
     "last_location": LastLocationBaseline,
 }
 MODEL_KINDS = (*NEURAL, *BASELINES)
+ModelKind = Literal["mhsa", "pointer", "pointer_plus", "lstm", "markov", "most_frequent", "last_location"]
+assert set(get_args(ModelKind)) == set(MODEL_KINDS)
 RESULT_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
 
 
@@ -80,7 +83,10 @@ def train_model_task(
 ) -> dict[str, Any]:
     """Train ``kind`` with ``seed``; evaluate the best checkpoint on val and test; log everything to MLflow.
 
-    Writes ``<data_dir>/results/<kind>/seed<seed>/results.json`` (test metrics in percent).
+    Writes ``<data_dir>/results/<kind>/seed<seed>/results.json`` (test metrics in percent). Neural training
+    keeps its resume state in ``<data_dir>/results/<kind>/seed<seed>/checkpoints/`` while it runs, so a
+    rerun after a crash continues from the last completed epoch (and is ignored, restarting from scratch,
+    if the model, training overrides or data changed); the folder is deleted once the run is fully recorded.
     """
     logger = get_run_logger()
     if kind not in MODEL_KINDS:
@@ -99,8 +105,12 @@ def train_model_task(
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"{kind}-seed{seed}", tags=tags) as run:
         mlflow.log_input(_dataset(data), context="training")
         started = time.perf_counter()
+        run_dir = Path(data.data_dir) / "results" / kind / f"seed{seed}"
+        checkpoint_dir = run_dir / "checkpoints"
         if kind in NEURAL:
-            result = _train_neural(kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev)
+            result = _train_neural(
+                kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev, checkpoint_dir
+            )
         else:
             result = _fit_baseline(kind, splits, vocab)
         mlflow.log_params({"model": kind, "seed": seed, "device": str(dev), **result["params"]})
@@ -108,7 +118,6 @@ def train_model_task(
             mlflow.log_metrics({mlflow_name(k): v for k, v in record.items()}, step=step)
         summary = _summarise(result, splits)
         mlflow.log_metrics({mlflow_name(k): v for k, v in summary["flat_metrics"].items()})
-        run_dir = Path(data.data_dir) / "results" / kind / f"seed{seed}"
         results_json = {
             **{k: summary["test"][k] for k in RESULT_KEYS},
             "n_test": summary["test"]["n"],
@@ -129,6 +138,7 @@ def train_model_task(
             )
             results_json.update({"model_uri": model_uri, "registered_version": version})
             write_json(results_json, run_dir / "results.json")
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # recorded: nothing left to resume
     logger.info(
         "%s seed %d: test acc@1 %.2f mrr %.2f (best epoch %s)",
         kind,
@@ -140,7 +150,10 @@ def train_model_task(
     return {"kind": kind, "seed": seed, "run_id": run.info.run_id, "results": results_json}
 
 
-def _train_neural(kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev) -> dict[str, Any]:
+def _train_neural(
+    kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev, checkpoint_dir: Path
+) -> dict[str, Any]:
+    """Train a neural ``kind``, resuming from (and writing) ``checkpoint_dir`` (see ``fit_model``)."""
     overrides = dict(model_overrides)
     if kind.startswith("pointer"):
         overrides.setdefault("max_seq_len", int(meta["max_hist_len"]) + 10)
@@ -151,7 +164,12 @@ def _train_neural(kind, seed, splits, vocab, meta, model_overrides, train_overri
 
     cfg = TrainConfig.for_recipe(kind, seed=seed, **train_overrides)
     selection, refit = fit_model(
-        build, splits["train"], splits["val"], cfg, log_prob_output=OUTPUT_IS_LOG_PROB[kind]
+        build,
+        splits["train"],
+        splits["val"],
+        cfg,
+        log_prob_output=OUTPUT_IS_LOG_PROB[kind],
+        checkpoint_dir=checkpoint_dir,
     )
     final = refit or selection
     model_cfg = getattr(final.model, "config", None)

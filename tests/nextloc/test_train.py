@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
+import nextloc.train as train_module
 from nextloc.data import SampleTensors
 from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
-from nextloc.train import TrainConfig, _pointer_lr, fit, predict_scores
+from nextloc.train import (
+    REFIT_CHECKPOINT,
+    SELECTION_CHECKPOINT,
+    FitResult,
+    TrainConfig,
+    _pointer_lr,
+    fit,
+    fit_model,
+    predict_scores,
+)
 
 V, U = 12, 4
 
@@ -106,3 +119,222 @@ def test_bucketed_batches_cover_every_sample_once(data):
     gen = torch.Generator().manual_seed(0)
     seen = torch.cat([b.index for b in train.batches(16, shuffle=True, generator=gen, bucket=True)])
     assert sorted(seen.tolist()) == list(range(len(train)))
+
+
+# --- resuming after a crash -------------------------------------------------------------------------
+
+# mhsa on the toy task with a tight early stop: the scheduler runs until epoch 4, the first early stop
+# (best-reload, lr x 0.1) fires at epoch 4, the second at 5, the third ends training at epoch 6 of 10.
+MHSA_DROPS = {"max_epochs": 10, "patience": 1, "es_delta": 0.2, "lr_drops": 2, "batch_size": 32, "lr": 3e-3}
+RESUME_CASES = {
+    "mhsa": ("mhsa", MHSA_DROPS),
+    "pointer": ("pointer", {"max_epochs": 4, "min_epochs": 0, "batch_size": 32}),
+    "pointer_ema_bucket": (
+        "pointer",
+        {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "ema_decay": 0.9, "bucket": True},
+    ),
+    "lstm": ("lstm", {"max_epochs": 3, "batch_size": 32, "lr": 3e-3}),
+}
+
+
+class Crash(Exception):
+    """Stands in for a SIGKILL: raised from the per-epoch callback."""
+
+
+def _crash_at(epoch: int, seen: list[int] | None = None):
+    """A ``log_metrics`` callback that records the epochs it sees and raises at ``epoch``."""
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        if seen is not None:
+            seen.append(step)
+        if step == epoch:
+            raise Crash(f"killed after epoch {step}")
+
+    return log_metrics
+
+
+def _build(kind: str, seed: int = 0, **overrides):
+    """A freshly initialised model, the same for the same arguments (as ``tasks.train`` builds them)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    extra = {"max_seq_len": 16} if kind.startswith("pointer") else {}
+    return build_model(kind, V, U, **{**extra, **overrides})
+
+
+def _run(case: str, data, resume_path: Path | None = None, log_metrics=None, **changes) -> FitResult:
+    kind, overrides = RESUME_CASES[case]
+    model_overrides = changes.pop("model", {})
+    train, val = changes.pop("samples", data)
+    config = TrainConfig.for_recipe(kind, **{**overrides, **changes})
+    return fit(
+        _build(kind, **model_overrides),
+        train,
+        val,
+        config,
+        log_prob_output=OUTPUT_IS_LOG_PROB[kind],
+        log_metrics=log_metrics,
+        resume_path=resume_path,
+    )
+
+
+_REFERENCE: dict[str, FitResult] = {}
+
+
+def _reference(case: str, data) -> FitResult:
+    """The uninterrupted run of a case (no resume file), computed once per module."""
+    if case not in _REFERENCE:
+        _REFERENCE[case] = _run(case, data)
+    return _REFERENCE[case]
+
+
+def _assert_identical(got: FitResult, want: FitResult) -> None:
+    """Bit-identical weights, the same history (exact floats), the same best epoch and epoch count."""
+    got_state, want_state = got.model.state_dict(), want.model.state_dict()
+    assert list(got_state) == list(want_state)
+    for name, tensor in want_state.items():
+        assert torch.equal(got_state[name], tensor), name
+    assert got.history == want.history
+    assert got.best_epoch == want.best_epoch
+    assert got.best_val_loss == want.best_val_loss
+    assert got.epochs == want.epochs
+
+
+def _written_by_crash(case: str, data, path: Path, epoch: int = 2) -> None:
+    with pytest.raises(Crash):
+        _run(case, data, path, _crash_at(epoch))
+    assert path.exists()
+
+
+def test_mhsa_case_exercises_the_early_stops(data):
+    """The mhsa resume case covers the scheduler, both lr drops and the early end of training."""
+    ref = _reference("mhsa", data)
+    lrs = [h["lr"] for h in ref.history]
+    assert ref.epochs == 6 < MHSA_DROPS["max_epochs"]
+    assert lrs[4] == pytest.approx(lrs[3] * 0.1)  # first drop after epoch 4, schedule frozen since
+    assert lrs[5] == pytest.approx(lrs[3] * 0.01)
+    assert lrs[0] < lrs[1]  # warmup: the scheduler was stepping before the drops
+
+
+@pytest.mark.parametrize(
+    ("case", "crash_epoch"),
+    [
+        ("mhsa", 2),  # scheduler still active
+        ("mhsa", 4),  # the epoch of the first early stop
+        ("mhsa", 5),  # between the drops
+        ("mhsa", 6),  # the epoch that ended training: the resumed call trains nothing
+        ("pointer", 2),
+        ("pointer_ema_bucket", 3),
+        ("lstm", 1),
+    ],
+)
+def test_resume_after_crash_is_identical(case, crash_epoch, data, tmp_path):
+    """Killed after epoch k, rerun with a fresh model: the same weights, history and best epoch."""
+    want = _reference(case, data)
+    path = tmp_path / "resume.pt"
+    seen: list[int] = []
+    with pytest.raises(Crash):
+        _run(case, data, path, _crash_at(crash_epoch, seen))
+    assert seen == list(range(1, crash_epoch + 1))
+
+    seen.clear()
+    got = _run(case, data, path, _crash_at(-1, seen))
+    _assert_identical(got, want)
+    assert got.resumed_from_epoch == crash_epoch
+    assert seen == list(range(crash_epoch + 1, want.epochs + 1))  # restored epochs are not reported again
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_resuming_a_finished_run_trains_nothing(data, tmp_path):
+    """The resume file of a completed run is kept; calling again returns the same result at once."""
+    want = _reference("mhsa", data)
+    path = tmp_path / "resume.pt"
+    first = _run("mhsa", data, path)
+    _assert_identical(first, want)
+    seen: list[int] = []
+    again = _run("mhsa", data, path, _crash_at(-1, seen))
+    _assert_identical(again, want)
+    assert again.resumed_from_epoch == want.epochs
+    assert seen == []
+
+
+def test_fit_model_resumes_a_crash_inside_the_refit(data, tmp_path, monkeypatch):
+    """pointer_plus: selection finished, refit killed after its first epoch; the rerun matches both runs."""
+    train, val = data
+    config = TrainConfig.for_recipe("pointer_plus", max_epochs=4, batch_size=32)
+
+    def build():
+        return _build("pointer_plus")
+
+    want_selection, want_refit = fit_model(build, train, val, config, log_prob_output=True)
+    assert want_refit is not None
+    assert want_refit.epochs >= 2, "the refit must run past the crash epoch for this test to mean anything"
+
+    real_fit = train_module.fit
+
+    def crashing_refit(*args, **kwargs):
+        if kwargs.get("resume_path") is not None and kwargs["resume_path"].name == REFIT_CHECKPOINT:
+            kwargs["log_metrics"] = _crash_at(1)
+        return real_fit(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(train_module, "fit", crashing_refit)
+        with pytest.raises(Crash):
+            fit_model(build, train, val, config, log_prob_output=True, checkpoint_dir=tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {SELECTION_CHECKPOINT, REFIT_CHECKPOINT}
+
+    selection, refit = fit_model(build, train, val, config, log_prob_output=True, checkpoint_dir=tmp_path)
+    assert refit is not None
+    _assert_identical(selection, want_selection)
+    _assert_identical(refit, want_refit)
+    assert selection.resumed_from_epoch == want_selection.epochs
+    assert refit.resumed_from_epoch == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"lr": 2e-3},  # training config
+        {"seed": 1},  # training seed (batch order, dropout)
+        {"model": {"dropout": 0.2}},  # same shapes, different model config
+        {"model": {"d_model": 16}},  # different architecture
+        {"model": {"seed": 1}},  # same architecture, different initial weights
+        {"samples": "other"},  # different training samples
+    ],
+    ids=["train-config", "seed", "model-config", "architecture", "init", "data"],
+)
+def test_resume_file_of_another_run_is_ignored(change, data, tmp_path, caplog):
+    """A resume file written for another config/model/data is ignored with a warning: a fresh start."""
+    path = tmp_path / "resume.pt"
+    _written_by_crash("mhsa", data, path)
+    if change.get("samples") == "other":
+        change = {"samples": (SampleTensors(_samples(256, 7)), data[1])}
+    want = _run("mhsa", data, **change)
+    with caplog.at_level(logging.WARNING, logger="nextloc.train"):
+        got = _run("mhsa", data, path, **change)
+    assert got.resumed_from_epoch == 0
+    assert "another training config" in caplog.text
+    _assert_identical(got, want)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "not-a-resume-file", "bad-content"])
+def test_unusable_resume_file_is_ignored(damage, data, tmp_path, caplog):
+    """A truncated, corrupt or foreign file does not crash training: a warning, then a fresh start."""
+    path = tmp_path / "resume.pt"
+    _written_by_crash("mhsa", data, path)
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00not a checkpoint" * 100)
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "not-a-resume-file":
+        torch.save({"model": _build("mhsa").state_dict(), "epoch": 2}, path)
+    else:  # the right run, but a state that does not fit the optimizer: loading fails half-way
+        state = torch.load(path, weights_only=True)
+        state["optimizer"]["param_groups"] = []
+        torch.save(state, path)
+    with caplog.at_level(logging.WARNING, logger="nextloc.train"):
+        got = _run("mhsa", data, path)
+    assert got.resumed_from_epoch == 0
+    assert "training from scratch" in caplog.text
+    _assert_identical(got, _reference("mhsa", data))
