@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 from prefect.task_runners import ProcessPoolTaskRunner
 
@@ -16,6 +14,7 @@ from nextloc.sequences import SPLITS
 from tasks import tracking
 from tasks.caching import Artifact
 from tasks.catalog import Catalog
+from tasks.runners import share_api_with_workers
 from tasks.train import NEURAL, DataRef, TrackingConfig, mlflow_name, train_model_task
 
 DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus"]
@@ -66,7 +65,7 @@ def train(
     client.log_param(parent_id, "models", ",".join(models))
     client.log_param(parent_id, "seeds", ",".join(map(str, seeds)))
     store = {"result_storage": Catalog(data.data_dir).cache}
-    _share_api_with_workers()
+    share_api_with_workers()
     try:
         futures = [
             train_model_task.with_options(**store).submit(
@@ -100,13 +99,6 @@ def train(
         raise
     logger.info("leaderboard: %s", {k: round(v["acc@1"]["mean"], 2) for k, v in board.items()})
     return {"parent_run_id": parent_id, "leaderboard": board, "promotion": decisions, "runs": results}
-
-
-def _share_api_with_workers() -> None:
-    """Point worker processes at this run's Prefect API (else each would start its own local server)."""
-    if not os.environ.get("PREFECT_API_URL"):
-        with get_client(sync_client=True) as client:
-            os.environ["PREFECT_API_URL"] = str(client.api_url)
 
 
 def dataset_ref(data_dir: str) -> DataRef:

@@ -1,0 +1,63 @@
+"""Task runners for the per-user fan-out: local threads (default) or a Dask cluster.
+
+``local`` maps per-user work on a thread pool in the flow's process. ``dask`` uses ``prefect-dask``'s
+``DaskTaskRunner``: a ``distributed.LocalCluster`` of ``workers`` single-threaded processes, or the
+scheduler at ``dask_address`` (``tcp://host:8786``) of an existing cluster. Only paths and small records
+cross task boundaries, so workers need the data directory on a shared filesystem, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from prefect.client.orchestration import get_client
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+RunnerKind = Literal["local", "dask"]
+
+
+def make_task_runner(
+    kind: RunnerKind = "local", workers: int | None = None, dask_address: str | None = None
+) -> TaskRunner:
+    """The task runner for per-user preprocessing work.
+
+    Args:
+        kind: ``local`` (a thread pool in this process) or ``dask``.
+        workers: threads (local) or worker processes of a new ``LocalCluster`` (dask); default: the cores.
+        dask_address: scheduler address of an existing Dask cluster (``kind="dask"`` only).
+
+    Raises:
+        ValueError: on an unknown kind, or an address given for the local runner.
+    """
+    n = max(1, workers or os.cpu_count() or 1)
+    if kind == "local":
+        if dask_address:
+            raise ValueError("dask_address is only used with task_runner='dask'")
+        return ThreadPoolTaskRunner(max_workers=max(2, n))
+    if kind != "dask":
+        raise ValueError(f"task_runner must be 'local' or 'dask', got {kind!r}")
+    from prefect_dask import DaskTaskRunner
+
+    share_api_with_workers()
+    if dask_address:
+        return DaskTaskRunner(address=dask_address)
+    return DaskTaskRunner(
+        cluster_class="distributed.LocalCluster",
+        cluster_kwargs={
+            "n_workers": n,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": ":0",
+        },
+    )
+
+
+def share_api_with_workers() -> None:
+    """Point worker processes at this run's Prefect API (else each would start its own local server).
+
+    Worker processes inherit the environment when they start, so call this before the runner starts them.
+    """
+    if not os.environ.get("PREFECT_API_URL"):
+        with get_client(sync_client=True) as client:
+            os.environ["PREFECT_API_URL"] = str(client.api_url)
