@@ -43,6 +43,7 @@ _FAST_TYPES = {**_TYPES, "time": pa.string()}
 _USED = ["latitude", "longitude", "altitude_ft", "date", "time"]
 # A header line that is really a data row (the header is short): 5 fields, then a date.
 _DATA_ROW_RE = re.compile(rb"(?:[^,\n]*,){5}[ \t]*\d{4}-\d{2}-\d{2}[ \t]*,")
+_UTF8_BOM = b"\xef\xbb\xbf"
 MAX_ISSUES_KEPT = 200
 
 POSITIONFIXES_SCHEMA = pa.schema(
@@ -229,7 +230,9 @@ def _read_body(path: Path, report: IngestReport) -> tuple[memoryview, int] | Non
             pos = -1
             break
         pos = nl + 1
-    if pos < 0 or not raw[:20].strip().lower().startswith(b"geolife trajectory"):
+    skip = len(_UTF8_BOM) if raw.startswith(_UTF8_BOM) else 0  # a BOM (Windows editors) is no content
+    title = raw[skip : skip + 20]
+    if pos < 0 or not title.strip().lower().startswith(b"geolife trajectory"):
         report.files_skipped += 1
         first = raw[:60].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
         report.add(
