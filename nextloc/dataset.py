@@ -118,6 +118,11 @@ def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
     n_users_merged = int(sp["user_id"].nunique())
     sp = sp.assign(is_target=valid)
     sp = filter_users_with_targets(sp, sp["is_target"].to_numpy())
+    if sp.empty:
+        raise ValueError(
+            f"no user has a valid target in every split ({n_users_merged} users after merging): the data is too "
+            "small or too sparse for samples.previous_days/min_history and the split ratios"
+        )
     sp, sizes = encode(sp, config.samples.duration_cap_min)
     samples = build_samples(sp, sp["is_target"].to_numpy(), config.samples.previous_days)
 

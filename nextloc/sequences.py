@@ -216,5 +216,7 @@ def _group_ids(staypoints: pd.DataFrame) -> np.ndarray:
     """Contiguous id per (user, split) run; rows of a group must be contiguous (they are, once sorted)."""
     user = staypoints["user_id"].to_numpy()
     split = staypoints["split"].to_numpy()
+    if len(user) == 0:
+        return np.zeros(0, dtype=np.int64)
     change = np.r_[True, (user[1:] != user[:-1]) | (split[1:] != split[:-1])]
     return np.cumsum(change) - 1
