@@ -43,6 +43,10 @@ class Catalog:
         """Samples of one split."""
         return self.root / "samples" / f"{split}.parquet"
 
+    def vocabulary(self, kind: str) -> Path:
+        """What the encoded ids mean: ``locations`` (index, DBSCAN id, centre) or ``users`` (index, user id)."""
+        return self.root / "vocabulary" / f"{kind}.parquet"
+
     @property
     def metadata(self) -> Path:
         """Counts, vocabulary sizes, config and fingerprints."""

@@ -22,6 +22,7 @@ from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_u
 from nextloc.sequences import SPLITS
 from nextloc.staypoints import STAYPOINT_COLUMNS, generate_staypoints
 from nextloc.storage import read_parquet, write_json, write_parquet
+from nextloc.vocabulary import location_vocabulary, user_vocabulary
 from tasks.caching import CACHE_POLICY, Artifact
 from tasks.catalog import Catalog
 
@@ -67,10 +68,11 @@ class DatasetResult:
     samples: dict[str, Artifact]
     metadata: Artifact
     stats: dict = field(default_factory=dict)
+    vocabulary: dict[str, Artifact] = field(default_factory=dict)
 
     def artifacts(self) -> list[Artifact]:
         """Every file this result points to."""
-        return [self.staypoints, self.metadata, *self.samples.values()]
+        return [self.staypoints, self.metadata, *self.samples.values(), *self.vocabulary.values()]
 
 
 @task(name="discover-raw-users")
@@ -180,13 +182,26 @@ def build_dataset_task(
 ) -> DatasetResult:
     """Merge, time features, split, targets, encodings and samples; writes the final outputs."""
     logger = get_run_logger()
-    dataset = build_dataset(read_parquet(Path(located.path)), config)
+    located_sp = read_parquet(Path(located.path))
+    dataset = build_dataset(located_sp, config)
     sp_art = Artifact.record(catalog.staypoints, write_parquet(dataset.staypoints, catalog.staypoints))
     samples = {
         split: Artifact.record(
             catalog.samples(split), write_parquet(dataset.samples[split], catalog.samples(split))
         )
         for split in SPLITS
+    }
+    vocabulary = {
+        "locations": Artifact.record(
+            catalog.vocabulary("locations"),
+            write_parquet(
+                location_vocabulary(located_sp, dataset.staypoints), catalog.vocabulary("locations")
+            ),
+        ),
+        "users": Artifact.record(
+            catalog.vocabulary("users"),
+            write_parquet(user_vocabulary(dataset.staypoints), catalog.vocabulary("users")),
+        ),
     }
     metadata = {
         **dataset.stats,
@@ -198,6 +213,7 @@ def build_dataset_task(
         "files": {
             "staypoints": "staypoints.parquet",
             **{f"samples_{s}": f"samples/{s}.parquet" for s in SPLITS},
+            **{f"vocabulary_{k}": f"vocabulary/{k}.parquet" for k in vocabulary},
         },
     }
     meta_art = Artifact.record(catalog.metadata, write_json(metadata, catalog.metadata))
@@ -208,7 +224,7 @@ def build_dataset_task(
         dataset.stats["n_staypoints"],
         dataset.stats["n_samples"],
     )
-    return DatasetResult(sp_art, samples, meta_art, dataset.stats)
+    return DatasetResult(sp_art, samples, meta_art, dataset.stats, vocabulary)
 
 
 @task(name="write-ingest-report")

@@ -24,6 +24,7 @@ from nextloc.storage import write_json
 from nextloc.train import TrainConfig, fit_model, predict_scores, resolve_device
 from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
+from tasks.catalog import Catalog
 from tasks.plots import plot_per_user, plot_training_curves
 
 NEURAL = ("mhsa", "pointer", "pointer_plus", "lstm")
@@ -131,6 +132,10 @@ def train_model_task(
         write_json(results_json, run_dir / "results.json")
         summary["per_user"].to_csv(run_dir / "per_user.csv", index=False)
         _log_artifacts(run.info.run_id, run_dir, result, summary, kind, seed)
+        catalog = Catalog(data.data_dir)
+        for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
+            if catalog.vocabulary(vocab).is_file():
+                tracking.log_file_artifact(run.info.run_id, catalog.vocabulary(vocab), "vocabulary")
         if kind in NEURAL:
             example = pack_histories(_example_histories(splits["test"]))
             model_uri, version = tracking.log_torch_model(

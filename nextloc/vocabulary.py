@@ -1,0 +1,121 @@
+"""What the encoded ids of a dataset mean, and how to read one dataset's samples in another's ids.
+
+A model only knows the ids of the dataset it was trained on: location ``k >= 2`` is the ``k-2``-th train
+location, user ``u >= 1`` the ``u``-th user. When new data arrives, DBSCAN and the encoders run again and
+ids shift, so comparing a champion trained on old data with a challenger on the new test split needs the
+new samples translated into the champion's ids. Locations are matched by their centre (the mean of their
+staypoints' coordinates): each new location maps to the nearest old one within ``radius_m``, otherwise it
+is unseen (1) for the old model, exactly as an unseen test location is for any model. Users map by their
+GeoLife user id; a user the old model never saw gets 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from nextloc.sequences import UNSEEN
+
+EARTH_RADIUS_M = 6_371_000.0
+LOCATION_COLUMNS = ["loc_index", "raw_location_id", "latitude", "longitude", "n_staypoints"]
+USER_COLUMNS = ["user_index", "user_id"]
+
+
+def location_vocabulary(located: pd.DataFrame, encoded: pd.DataFrame) -> pd.DataFrame:
+    """The train location vocabulary: encoded index, raw DBSCAN id and centre of each location.
+
+    Args:
+        located: located staypoints (raw ``location_id``, ``latitude``, ``longitude``).
+        encoded: the final staypoints (encoded ``location_id``, ``raw_location_id``).
+    """
+    known = encoded.loc[encoded["location_id"] >= 2, ["location_id", "raw_location_id"]].drop_duplicates()
+    centres = located.groupby("location_id").agg(
+        latitude=("latitude", "mean"), longitude=("longitude", "mean"), n_staypoints=("latitude", "size")
+    )
+    vocab = known.rename(columns={"location_id": "loc_index"}).join(centres, on="raw_location_id")
+    return vocab.sort_values("loc_index")[LOCATION_COLUMNS].reset_index(drop=True)
+
+
+def user_vocabulary(encoded: pd.DataFrame) -> pd.DataFrame:
+    """Encoded user index -> GeoLife user id."""
+    users = encoded[["user", "user_id"]].drop_duplicates().rename(columns={"user": "user_index"})
+    return users.sort_values("user_index")[USER_COLUMNS].reset_index(drop=True)
+
+
+def location_mapping(source: pd.DataFrame, target: pd.DataFrame, radius_m: float) -> np.ndarray:
+    """``mapping[i]`` = the ``target`` index of ``source`` location ``i`` (0 pad, 1 unseen kept as they are).
+
+    Each source location goes to the target location with the nearest centre if it is within
+    ``radius_m`` metres (haversine), else to 1 (unseen).
+    """
+    size = int(source["loc_index"].max()) + 1 if len(source) else 2
+    mapping = np.full(max(size, 2), UNSEEN, dtype=np.int64)
+    mapping[0] = 0
+    if len(source) and len(target):
+        dist = _haversine_m(
+            source["latitude"].to_numpy()[:, None],
+            source["longitude"].to_numpy()[:, None],
+            target["latitude"].to_numpy()[None, :],
+            target["longitude"].to_numpy()[None, :],
+        )
+        nearest = dist.argmin(axis=1)
+        ok = dist[np.arange(len(source)), nearest] <= radius_m
+        idx = source["loc_index"].to_numpy()
+        mapping[idx[ok]] = target["loc_index"].to_numpy()[nearest[ok]]
+    return mapping
+
+
+def translate_samples(
+    samples: pa.Table,
+    source_locations: pd.DataFrame,
+    target_locations: pd.DataFrame,
+    source_users: pd.DataFrame,
+    target_users: pd.DataFrame,
+    radius_m: float = 50.0,
+) -> tuple[pa.Table, dict[str, float]]:
+    """The samples of one dataset in the ids of another (see the module docstring).
+
+    Returns:
+        The translated table (same rows, same columns) and the share (%) of history entries, targets and
+        users that found a match.
+    """
+    locs = location_mapping(source_locations, target_locations, radius_m)
+    by_user_id = dict(zip(target_users["user_id"], target_users["user_index"], strict=True))
+    users = np.zeros(int(source_users["user_index"].max()) + 1 if len(source_users) else 1, dtype=np.int64)
+    for index, user_id in zip(source_users["user_index"], source_users["user_id"], strict=True):
+        users[index] = by_user_id.get(user_id, 0)
+
+    def remap(column: str, mapping: np.ndarray) -> pa.Array:
+        col = samples.column(column).combine_chunks()
+        if pa.types.is_list(col.type):
+            values = mapping[np.clip(col.values.to_numpy(zero_copy_only=False), 0, len(mapping) - 1)]
+            return pa.ListArray.from_arrays(col.offsets, pa.array(values.astype(np.int32)))
+        return pa.array(
+            mapping[np.clip(col.to_numpy(zero_copy_only=False), 0, len(mapping) - 1)].astype(np.int32)
+        )
+
+    out = samples
+    for column, mapping in (("loc_hist", locs), ("target_loc", locs), ("user", users), ("user_hist", users)):
+        if column in samples.column_names:
+            out = out.set_column(out.schema.get_field_index(column), column, remap(column, mapping))
+    hist = pc.list_flatten(out.column("loc_hist")).to_numpy()
+    src_hist = pc.list_flatten(samples.column("loc_hist")).to_numpy()
+    target, src_target = out.column("target_loc").to_numpy(), samples.column("target_loc").to_numpy()
+    stats = {
+        "history_matched_pct": _share((hist >= 2) & (src_hist >= 2), src_hist >= 2),
+        "targets_matched_pct": _share((target >= 2) & (src_target >= 2), src_target >= 2),
+        "users_matched_pct": _share(out.column("user").to_numpy() > 0, np.ones(out.num_rows, bool)),
+    }
+    return out, stats
+
+
+def _share(hit: np.ndarray, of: np.ndarray) -> float:
+    return float(100.0 * hit.sum() / of.sum()) if of.sum() else 100.0
+
+
+def _haversine_m(lat1, lon1, lat2, lon2) -> np.ndarray:
+    lat1, lon1, lat2, lon2 = map(np.radians, (lat1, lon1, lat2, lon2))
+    a = np.sin((lat2 - lat1) / 2) ** 2 + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) / 2) ** 2
+    return 2 * EARTH_RADIUS_M * np.arcsin(np.sqrt(np.clip(a, 0.0, 1.0)))
