@@ -36,6 +36,7 @@ def train(
     experiment: str = tracking.DEFAULT_EXPERIMENT,
     device: str = "auto",
     promote_metric: str = "best_val_acc@1",
+    promote: bool = True,
 ) -> dict[str, Any]:
     """Train, evaluate (best checkpoint) and register each model; promote the best run of each kind.
 
@@ -43,7 +44,8 @@ def train(
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=ProcessPoolTaskRunner(max_workers=n))`` runs ``n`` at once;
     separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
-    these small models train about twice as fast that way.
+    these small models train about twice as fast that way. With ``promote=False`` the caller decides about
+    the ``champion`` alias (``preprocess-train`` does, champion against challenger on the test split).
     """
     logger = get_run_logger()
     models = models or DEFAULT_MODELS
@@ -85,7 +87,7 @@ def train(
         decisions = {
             kind: tracking.promote_champion(kind, mlflow_name(promote_metric), data.fingerprint)
             for kind in models
-            if kind in NEURAL
+            if kind in NEURAL and promote
         }
         board = leaderboard(results)
         tracking.log_dict_artifact(
@@ -98,7 +100,14 @@ def train(
         client.set_terminated(parent_id, "FAILED")
         raise
     logger.info("leaderboard: %s", {k: round(v["acc@1"]["mean"], 2) for k, v in board.items()})
-    return {"parent_run_id": parent_id, "leaderboard": board, "promotion": decisions, "runs": results}
+    return {
+        "parent_run_id": parent_id,
+        "leaderboard": board,
+        "promotion": decisions,
+        "runs": results,
+        "data": data,
+        "experiment_id": experiment_id,
+    }
 
 
 def dataset_ref(data_dir: str) -> DataRef:

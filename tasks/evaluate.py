@@ -35,7 +35,7 @@ def evaluate_registered(
     """Metrics of a registered model on one split of a preprocessed dataset."""
     scorer = load_scorer(kind, alias, tracking_uri, experiment)
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
-    metrics, _ = evaluate_scores(lambda batch: scorer(_pack_batch(batch)), data, batch_size=512)
+    metrics, _ = evaluate_scores(lambda batch: scorer(pack_batch(batch)), data, batch_size=512)
     return {"model": model_uri(kind, alias), "split": split, **metrics}
 
 
@@ -87,7 +87,7 @@ def summarise(values: Any) -> dict[str, float]:
     }
 
 
-def _pack_batch(batch) -> torch.Tensor:
+def pack_batch(batch) -> torch.Tensor:
     """A ``Batch`` back into the packed (B, T, 6) form the registered scorer takes."""
     user = batch.user[:, None].expand_as(batch.loc)
     return torch.stack(

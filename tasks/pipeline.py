@@ -1,0 +1,115 @@
+"""Tasks of the ``preprocess-train`` flow around its two stages: where the input is, and the run summary."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from nextloc.rawdata import locate_raw_data
+from tasks import tracking
+from tasks.catalog import Catalog
+
+DEFAULT_RAW_DIR = "data/raw/geolife"
+SHARED_ARCHIVE = Path("../shared/data/geolife-1.3-raw.tar.xz")
+METRICS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
+
+
+@task(name="locate-raw-data")
+def resolve_raw_dir(raw_dir: str | None) -> str:
+    """``raw_dir`` if given (it must exist), else $NEXTLOC_GEOLIFE_DIR, data/raw/geolife, an archive, download."""
+    logger = get_run_logger()
+    if raw_dir:
+        if not Path(raw_dir).exists():
+            raise FileNotFoundError(f"raw_dir {raw_dir} does not exist")
+        logger.info("GeoLife raw data: raw_dir %s", raw_dir)
+        return str(raw_dir)
+    found = locate_raw_data(Path(DEFAULT_RAW_DIR), [SHARED_ARCHIVE])
+    logger.info("GeoLife raw data: %s", found.source)
+    return str(found.path)
+
+
+@task(name="publish-summary")
+def publish_summary(
+    preprocessed: dict[str, Any],
+    trained: dict[str, Any],
+    tracking_uri: str | None,
+    experiment: str,
+    mlflow_ui_url: str | None = None,
+) -> str:
+    """Record the run: the ingest report on the MLflow parent run, and a markdown summary as a Prefect artifact.
+
+    The parent run gets the ingest report (``ingest_report.json``: every skipped row and file, with its
+    file and line) as an artifact, and the skip counts as tags, so data problems travel with the metrics.
+
+    Returns:
+        The markdown text (also stored as the flow run's artifact ``preprocess-train-summary``).
+    """
+    parent_id = trained["parent_run_id"]
+    experiment_id = tracking.configure(tracking_uri, experiment)
+    client = tracking.MlflowClient()
+    ingest = preprocessed["ingest"]
+    report = Catalog(preprocessed["data_dir"]).ingest_report
+    if report.is_file():
+        tracking.log_file_artifact(parent_id, report)
+    client.set_tag(parent_id, "ingest.rows_skipped", str(ingest["rows_skipped"]))
+    client.set_tag(parent_id, "ingest.files_skipped", str(ingest["files_skipped"]))
+    client.set_tag(parent_id, "data_dir", preprocessed["data_dir"])
+    markdown = render_summary(preprocessed, trained, experiment_id, _ui_url(tracking_uri, mlflow_ui_url))
+    create_markdown_artifact(markdown, key="preprocess-train-summary", description="metrics and MLflow runs")
+    get_run_logger().info("summary:\n%s", markdown)
+    return markdown
+
+
+def render_summary(
+    preprocessed: dict[str, Any], trained: dict[str, Any], experiment_id: str, ui_url: str | None
+) -> str:
+    """Markdown: dataset numbers, the test leaderboard (mean +- std over seeds), promotions, MLflow runs."""
+    stats = preprocessed["stats"]
+
+    def link(run_id: str) -> str:
+        if not ui_url:
+            return f"`{run_id}`"
+        return f"[{run_id[:8]}]({ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id})"
+
+    lines = [
+        f"# preprocess-train: {preprocessed['data_dir']}",
+        "",
+        f"- users {stats['n_users']['train']}, locations `total_loc_num` {stats['total_loc_num']}, "
+        f"samples train/val/test {stats['n_samples']['train']}/{stats['n_samples']['val']}/"
+        f"{stats['n_samples']['test']}",
+        f"- ingest: {preprocessed['ingest']['rows_skipped']} rows and "
+        f"{preprocessed['ingest']['files_skipped']} files skipped (see `ingest_report.json`)",
+        f"- MLflow parent run {link(trained['parent_run_id'])}",
+        "",
+        "| model | seeds | " + " | ".join(METRICS) + " |",
+        "|---|---|" + "---|" * len(METRICS),
+    ]
+    board = trained["leaderboard"]
+    for kind, row in sorted(board.items(), key=lambda kv: -kv[1]["acc@1"]["mean"]):
+        cells = [f"{row[k]['mean']:.2f} ± {row[k]['std']:.2f}" for k in METRICS]
+        lines.append(f"| {kind} | {row['acc@1']['n']} | " + " | ".join(cells) + " |")
+    lines += ["", "| model | seed | test acc@1 | MLflow run |", "|---|---|---|---|"]
+    for run in trained["runs"]:
+        lines.append(
+            f"| {run['kind']} | {run['seed']} | {run['results']['acc@1']:.2f} | {link(run['run_id'])} |"
+        )
+    if trained.get("promotion"):
+        lines += ["", "Champion (`champion` alias):", ""]
+        for kind, decision in trained["promotion"].items():
+            lines.append(f"- `{tracking.registered_name(kind)}`: {json.dumps(decision, default=str)}")
+    return "\n".join(lines) + "\n"
+
+
+def _ui_url(tracking_uri: str | None, explicit: str | None) -> str | None:
+    """Where the MLflow UI is: the explicit URL, $NEXTLOC_MLFLOW_UI_URL, or an http(s) tracking URI."""
+    if explicit:
+        return explicit
+    if os.environ.get("NEXTLOC_MLFLOW_UI_URL"):
+        return os.environ["NEXTLOC_MLFLOW_UI_URL"]
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    return uri if uri.startswith(("http://", "https://")) else None
