@@ -9,7 +9,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install run test test-fast lint format bench clean
+.PHONY: install run test test-fast lint format bench clean services services-stop services-status
 
 install: $(STAMP)  ## create .venv and install nextloc with its pinned stack (CPU torch)
 
@@ -39,6 +39,15 @@ lint: install
 format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+services: install  ## background Prefect server :4200, MLflow UI :5000, deployments served (logs in .services/)
+	$(BIN)/nextloc services start
+
+services-stop:  ## stop what `make services` started (deployment server first)
+	$(BIN)/nextloc services stop
+
+services-status:
+	$(BIN)/nextloc services status
 
 bench: install  ## cold and cached preprocessing on the full data, JSON on stdout
 	$(BIN)/python benchmarks/preprocess.py

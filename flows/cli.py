@@ -128,6 +128,13 @@ def _build_parser() -> argparse.ArgumentParser:
     d.add_argument("--url", default=None)
     d.add_argument("--sha256", default=None, help="expected sha256 of the zip")
     d.set_defaults(func=_cmd_download)
+
+    s = sub.add_parser(
+        "services",
+        help="start/stop a local Prefect server, the MLflow UI and the deployments (logs in .services/)",
+    )
+    s.add_argument("action", choices=["start", "stop", "status"])
+    s.set_defaults(func=_cmd_services)
     return parser
 
 
@@ -324,6 +331,30 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
     path = fetch_geolife(Path(args.dest), url=args.url or GEOLIFE_URL, expected_sha256=args.sha256)
     log.info("GeoLife data ready at %s", path)
+    return 0
+
+
+def _cmd_services(args: argparse.Namespace) -> int:
+    from flows import services
+
+    svc = services.Services(Path.cwd())
+    if args.action == "start":
+        try:
+            services.start(svc)
+        except RuntimeError as err:
+            log.error("%s", err)
+            services.stop(svc)
+            return 1
+        sys.stdout.write(
+            f"Prefect UI  {svc.api_url[: -len('/api')]}\nMLflow UI   {svc.mlflow_url}\n"
+            f"export PREFECT_API_URL={svc.api_url}\n"
+            "prefect deployment run preprocess-train/geolife --watch\n"
+        )
+    elif args.action == "stop":
+        log.info("stopped: %s", ", ".join(services.stop(svc)) or "nothing was running")
+    else:
+        for name, pid in services.status(svc).items():
+            sys.stdout.write(f"{name:15s} {'running, pid ' + str(pid) if pid else 'stopped'}\n")
     return 0
 
 
