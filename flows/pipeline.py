@@ -120,6 +120,7 @@ def preprocess_train(
         "data_dir": preprocessed["data_dir"],
         "stats": preprocessed["stats"],
         "ingest": preprocessed["ingest"],
+        "preprocess_flow_run_id": preprocessed["flow_run_id"],
         **trained,
         "summary": summary,
     }

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, unmapped
+from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from nextloc.config import PreprocessConfig
@@ -85,7 +86,12 @@ def preprocess(
         dataset.stats["n_samples"],
         catalog.root,
     )
-    return {"data_dir": str(catalog.root), "stats": dataset.stats, "ingest": ingest_summary}
+    return {
+        "data_dir": str(catalog.root),
+        "stats": dataset.stats,
+        "ingest": ingest_summary,
+        "flow_run_id": str(flow_run.get_id()),
+    }
 
 
 def _outputs_exist(result: Any) -> bool:

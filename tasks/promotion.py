@@ -58,7 +58,7 @@ def champion_challenger(
     )
     decision: dict[str, Any] = {
         "metric": f"test {decision_metric}",
-        "challenger_version": challenger["results"]["registered_version"],
+        "challenger_version": str(challenger["results"]["registered_version"]),
         "challenger_run_id": challenger["run_id"],
         "challenger_score": float(challenger["results"][decision_metric]),
     }
@@ -67,10 +67,10 @@ def champion_challenger(
         champion = client.get_model_version_by_alias(name, tracking.CHAMPION)
     if champion is None:
         decision.update(promoted=True, reason="no champion yet")
-    elif champion.version == decision["challenger_version"]:
+    elif str(champion.version) == str(decision["challenger_version"]):
         decision.update(promoted=False, reason="the challenger already is the champion (cached training)")
     else:
-        decision["champion_version"] = champion.version
+        decision["champion_version"] = str(champion.version)
         decision["champion_run_id"] = champion.run_id
         score, how = _score_champion(kind, champion, data, decision_metric, match_radius_m, tracking_cfg)
         decision["champion_scored_on"] = how

@@ -156,3 +156,36 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+def read_task_states(flow_run_id, expected: int | None = None) -> dict[str, str]:
+    """Task-run name -> final state name, read back from the Prefect API for one flow run.
+
+    Task-run states reach the API asynchronously (events), so poll until every run is final.
+    """
+    import asyncio
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+            return {r.name: (r.state.name if r.state else "") for r in runs}
+
+    deadline = time.monotonic() + 60
+    while True:
+        states = asyncio.run(read())
+        final = all(s in {"Cached", "Completed", "Failed", "Crashed"} for s in states.values())
+        if (final and (expected is None or len(states) >= expected)) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def task_states() -> Callable[..., dict[str, str]]:
+    """``task_states(flow_run_id, expected=None)``: task-run name -> final state name, from the Prefect API."""
+    return read_task_states

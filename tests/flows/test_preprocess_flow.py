@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -29,29 +28,9 @@ def _run(sample_dir: Path, data_dir: Path, config: PreprocessConfig | None = Non
 
 
 def _task_states(state, expected: int | None = None) -> dict[str, str]:
-    """Task-run name -> final state name, read back from the Prefect API for the flow run of ``state``.
+    from conftest import read_task_states  # tests/ is on sys.path (pytest's rootdir conftest)
 
-    Task-run states reach the API asynchronously (events), so poll until every run is final.
-    """
-    import time
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    async def read():
-        async with get_client() as client:
-            runs = await client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
-            )
-            return {r.name: (r.state.name if r.state else "") for r in runs}
-
-    deadline = time.monotonic() + 60
-    while True:
-        states = asyncio.run(read())
-        final = all(s in {"Cached", "Completed", "Failed", "Crashed"} for s in states.values())
-        if (final and (expected is None or len(states) >= expected)) or time.monotonic() > deadline:
-            return states
-        time.sleep(0.5)
+    return read_task_states(state.state_details.flow_run_id, expected)
 
 
 def _mtimes(root: Path) -> dict[str, int]:

@@ -1,0 +1,173 @@
+"""retrain: new trajectory dumps reach the model, and only what they touch is recomputed.
+
+Real Prefect API (temporary), real MLflow store (SQLite in tmp), real GeoLife sample files. The store
+starts as the sample without the last days of user 073; those days then arrive as a dump (zip), next to a
+byte-identical copy of it (a repeat) and a broken dump.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
+
+USER = 73
+WITHHELD = 25
+SHORT = {"max_epochs": 1, "min_epochs": 0}
+
+
+def _zip(folder: Path, files: list[Path], out: Path, prefix: str = "Geolife Trajectories 1.3/") -> Path:
+    with zipfile.ZipFile(out, "w") as zf:
+        for f in files:
+            zf.write(f, prefix + str(f.relative_to(folder)))
+    return out
+
+
+def _stat(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*.parquet")
+    }
+
+
+@pytest.fixture(scope="module")
+def world(sample_dir, tmp_path_factory):
+    """A raw store missing user 073's last days, a first preprocess-train (the champion), then the dumps."""
+    from flows.pipeline import preprocess_train
+
+    root = tmp_path_factory.mktemp("retrain")
+    store = root / "store"
+    shutil.copytree(sample_dir / "Data", store / "Data")
+    user_files = sorted((store / "Data" / f"{USER:03d}" / "Trajectory").glob("*.plt"))
+    withheld = root / "withheld"
+    for f in user_files[-WITHHELD:]:
+        target = withheld / f.relative_to(store)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(f, target)
+    (root / "mlruns").mkdir()
+    common = {
+        "data_dir": str(root / "data"),
+        "models": ["markov", "mhsa"],
+        "train_overrides": {"mhsa": SHORT},
+        "tracking_uri": f"sqlite:///{root / 'mlruns' / 'mlflow.db'}",
+        "workers": 1,
+    }
+    first = preprocess_train(raw_dir=str(store), **common)
+    incoming = root / "incoming"
+    incoming.mkdir()
+    new_days = sorted(withheld.rglob("*.plt"))
+    _zip(withheld, new_days, incoming / "2026-11-01-user073.zip")
+    shutil.copy(incoming / "2026-11-01-user073.zip", incoming / "2026-11-02-resent.zip")
+    broken = incoming / "2026-11-03-broken"
+    (broken / "Data" / "011" / "Trajectory").mkdir(parents=True)
+    (broken / "Data" / "011" / "Trajectory" / "20990101000000.plt").write_text("<html>503</html>\n")
+    before = {
+        "store": sorted(p.relative_to(store) for p in store.rglob("*.plt")),
+        "data": _stat(root / "data"),
+    }
+    return root, store, incoming, common, first, before, new_days
+
+
+@pytest.fixture(scope="module")
+def retrained(world):
+    from flows.retrain import retrain
+
+    root, store, incoming, common, *_ = world
+    result = retrain(
+        incoming_dir=str(incoming),
+        raw_dir=str(store),
+        min_age_s=0,
+        **{k: v for k, v in common.items() if k != "workers"},
+    )
+    return result
+
+
+def test_new_dump_merged_repeat_is_noop_broken_is_quarantined(world, retrained):
+    root, store, incoming, _, _, before, new_days = world
+    by_name = {d["name"]: d for d in retrained["merged"]["dumps"]}
+    assert by_name["2026-11-01-user073.zip"]["status"] == "merged"
+    assert by_name["2026-11-01-user073.zip"]["files_new"] == WITHHELD
+    assert by_name["2026-11-01-user073.zip"]["users"] == [USER]
+    assert by_name["2026-11-02-resent.zip"]["status"] == "duplicate"
+    assert "2026-11-01-user073.zip" in by_name["2026-11-02-resent.zip"]["reason"]
+    rejected = by_name["2026-11-03-broken"]
+    assert rejected["status"] == "rejected"
+    assert "20990101000000.plt" in rejected["reason"]
+    reason_file = incoming / "quarantine" / "2026-11-03-broken.reason.txt"
+    assert "do not parse" in reason_file.read_text()
+    assert (incoming / "quarantine" / "2026-11-03-broken" / "Data").is_dir()  # kept for a human to look at
+    assert sorted(p.name for p in (incoming / "applied").iterdir()) == [
+        "2026-11-01-user073.zip",
+        "2026-11-02-resent.zip",
+    ]
+    # nothing lost or changed: every file that was there is still there; the new days were added
+    after = sorted(p.relative_to(store) for p in store.rglob("*.plt"))
+    assert set(before["store"]) <= set(after)
+    assert len(after) == len(before["store"]) + WITHHELD
+    assert not (store / "Data" / "011" / "Trajectory" / "20990101000000.plt").exists()
+    manifest = json.loads((store / "dumps-manifest.json").read_text())
+    assert [d["status"] for d in manifest["dumps"]] == ["merged", "duplicate", "rejected"]
+
+
+def test_only_the_affected_user_was_recomputed(world, retrained, task_states):
+    root, *_, before, _ = world
+    states = task_states(retrained["preprocess_flow_run_id"], expected=24)
+    ingest = {k: v for k, v in states.items() if k.startswith("ingest user")}
+    staypoints = {k: v for k, v in states.items() if k.startswith("staypoints user")}
+    assert len(ingest) == len(staypoints) == 11
+    assert {k for k, v in ingest.items() if v != "Cached"} == {f"ingest user {USER:03d}"}
+    assert {k for k, v in staypoints.items() if v != "Cached"} == {f"staypoints user {USER:03d}"}
+    after = _stat(root / "data")
+    changed = {k for k in before["data"] if after.get(k) != before["data"][k]}
+    per_user = {k for k in changed if k.startswith(("01_", "02_"))}
+    assert per_user == {
+        f"01_positionfixes/user_id={USER:03d}/part-0.parquet",
+        f"02_staypoints/user_id={USER:03d}/part-0.parquet",
+    }
+
+
+def test_champion_moves_only_if_the_challenger_is_better(world, retrained):
+    import mlflow
+    from mlflow import MlflowClient
+
+    root, _, _, common, first, *_ = world
+    assert first["promotion"]["mhsa"]["promoted"]
+    assert first["promotion"]["mhsa"]["reason"] == "no champion yet"
+    decision = retrained["promotion"]["mhsa"]
+    assert {"challenger_score", "champion_score", "champion_version", "challenger_version"} <= set(decision)
+    assert decision["promoted"] == (decision["challenger_score"] > decision["champion_score"])
+    assert "translated into its ids" in decision["champion_scored_on"]  # the data changed under it
+    mlflow.set_tracking_uri(common["tracking_uri"])
+    client = MlflowClient(common["tracking_uri"], common["tracking_uri"])
+    champion = client.get_model_version_by_alias("nextloc-mhsa", "champion")
+    expected = (
+        decision["challenger_version"]
+        if decision["promoted"]
+        else first["promotion"]["mhsa"]["challenger_version"]
+    )
+    assert str(champion.version) == expected
+    parent = client.get_run(retrained["parent_run_id"])
+    assert parent.data.tags["champion_challenger.mhsa.decision"] == (
+        "promoted" if decision["promoted"] else "kept"
+    )
+    metrics = parent.data.metrics
+    assert metrics["champion_challenger.mhsa.challenger_test_acc_at_1"] == pytest.approx(
+        decision["challenger_score"]
+    )
+    assert metrics["champion_challenger.mhsa.champion_test_acc_at_1"] == pytest.approx(
+        decision["champion_score"]
+    )
+
+
+def test_nothing_new_is_a_noop(world, retrained):
+    from flows.retrain import retrain
+
+    root, store, incoming, common, *_ = world
+    shutil.copy(incoming / "applied" / "2026-11-01-user073.zip", incoming / "again.zip")
+    result = retrain(incoming_dir=str(incoming), raw_dir=str(store), data_dir=common["data_dir"], min_age_s=0)
+    assert result["retrained"] is False
+    assert [d["status"] for d in result["merged"]["dumps"]] == ["duplicate"]
