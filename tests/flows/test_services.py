@@ -1,0 +1,133 @@
+"""End to end as a team runs it: `nextloc services start`, `prefect deployment run preprocess-train/geolife`.
+
+A real Prefect server (SQLite, temporary PREFECT_HOME) and the MLflow UI on free 127.0.0.1 ports, the
+deployments served by `flows/serve.py`, a run triggered with the Prefect CLI on the real GeoLife sample
+with a short training config, then the MLflow store checked through the MLflow server's REST API: parent
+and child runs, the registered model and its `champion` alias. Everything is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    root = tmp_path_factory.mktemp("service")
+    env = {
+        **os.environ,
+        "NEXTLOC_PREFECT_PORT": str(_free_port()),
+        "NEXTLOC_MLFLOW_PORT": str(_free_port()),
+        "PREFECT_HOME": str(root / ".prefect"),
+    }
+    env.pop("PREFECT_API_URL", None)
+    nextloc = str(BIN / "nextloc")
+    started = subprocess.run(
+        [nextloc, "services", "start"], cwd=root, env=env, capture_output=True, text=True
+    )
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield root, env, started.stdout
+    finally:
+        stopped = subprocess.run(
+            [nextloc, "services", "stop"], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert stopped.returncode == 0, stopped.stderr
+        status = subprocess.run(
+            [nextloc, "services", "status"], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert "running" not in status.stdout, status.stdout
+
+
+def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
+    root, env, started = services
+    api = f"http://127.0.0.1:{env['NEXTLOC_PREFECT_PORT']}/api"
+    assert f"export PREFECT_API_URL={api}" in started
+    run = subprocess.run(
+        [
+            str(BIN / "prefect"),
+            "deployment",
+            "run",
+            "preprocess-train/geolife",
+            "--param",
+            f"raw_dir={sample_dir}",
+            "--param",
+            "data_dir=data/sample",
+            "--param",
+            'models=["markov", "mhsa"]',
+            "--param",
+            'train_overrides={"mhsa": {"max_epochs": 1, "min_epochs": 0}}',
+            "--param",
+            'locations={"epsilon_m": 20}',
+            "--watch",
+            "--watch-interval",
+            "2",
+            "--watch-timeout",
+            "600",
+        ],
+        cwd=root,
+        env={**env, "PREFECT_API_URL": api},
+        capture_output=True,
+        text=True,
+        timeout=700,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Completed" in run.stdout
+    assert (root / "data" / "sample" / "samples" / "test.parquet").is_file()
+
+    # the MLflow UI's server sees the runs the deployment wrote into ./mlruns
+    mlflow = f"http://127.0.0.1:{env['NEXTLOC_MLFLOW_PORT']}"
+    experiment = _get(f"{mlflow}/api/2.0/mlflow/experiments/get-by-name?experiment_name=nextloc-geolife")
+    exp_id = experiment["experiment"]["experiment_id"]
+    runs = _post(f"{mlflow}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp_id]})["runs"]
+    tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
+    parents = [r for r, t in zip(runs, tags, strict=True) if t.get("kind") == "pipeline"]
+    children = [t for t in tags if t.get("mlflow.parentRunId")]
+    assert len(parents) == 1
+    parent_id = parents[0]["info"]["run_id"]
+    assert {(t["model"], t["mlflow.parentRunId"]) for t in children} == {
+        ("markov", parent_id),
+        ("mhsa", parent_id),
+    }
+    parent_tags = {t["key"]: t["value"] for t in parents[0]["data"]["tags"]}
+    assert parent_tags["champion_challenger.mhsa.decision"] == "promoted"
+    assert parent_tags["ingest.rows_skipped"] == "0"
+    champion = _get(f"{mlflow}/api/2.0/mlflow/registered-models/alias?name=nextloc-mhsa&alias=champion")
+    assert champion["model_version"]["version"] == "1"
+
+    # the run's summary is a markdown artifact in Prefect, with links into the MLflow UI
+    artifacts = _post(
+        f"{api}/artifacts/filter", {"artifacts": {"key": {"any_": ["preprocess-train-summary"]}}}
+    )
+    assert artifacts, "no summary artifact"
+    assert f"{mlflow}/#/experiments/{exp_id}/runs/{parent_id}" in artifacts[0]["data"]
