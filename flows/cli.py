@@ -19,7 +19,6 @@ from nextloc.config import PreprocessConfig, flatten, load_config
 
 DEFAULT_DATA_DIR = "data/geolife"
 DEFAULT_RAW_DIR = "data/raw/geolife"
-SHARED_ARCHIVE = Path("../shared/data/geolife-1.3-raw.tar.xz")
 log = logging.getLogger("nextloc.cli")
 
 
@@ -84,6 +83,11 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"default: $NEXTLOC_GEOLIFE_DIR, {DEFAULT_RAW_DIR}, a local archive, or download",
     )
+    r.add_argument("--task-runner", choices=["local", "dask"], default="local", help="per-user preprocessing")
+    r.add_argument(
+        "--dask-address", default=None, help="scheduler of an existing Dask cluster (tcp://host:8786)"
+    )
+    r.add_argument("--dask-workers", type=int, default=None, help="processes of a new Dask LocalCluster")
     _add_config_options(r)
     r.set_defaults(func=_cmd_run)
 
@@ -222,22 +226,43 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    """The main job: the ``preprocess-train`` flow (the same one the deployment runs), with local defaults."""
     config = _config_from_args(args)
-    if args.raw_dir:
-        if not Path(args.raw_dir).exists():
-            raise FileNotFoundError(f"--raw-dir {args.raw_dir} does not exist")
-        raw_dir, source = Path(args.raw_dir), f"--raw-dir {args.raw_dir}"
-    else:
-        from nextloc.rawdata import locate_raw_data
+    if args.raw_dir and not Path(args.raw_dir).exists():
+        raise FileNotFoundError(f"--raw-dir {args.raw_dir} does not exist")
+    models, seeds, neural, model_set, train_set = _train_plan(args)
+    from flows.pipeline import preprocess_train
 
-        found = locate_raw_data(Path(DEFAULT_RAW_DIR), [SHARED_ARCHIVE])
-        raw_dir, source = found.path, found.source
-    log.info("GeoLife raw data: %s", source)
-    from flows.preprocess import preprocess
-
-    result = preprocess(raw_dir=str(raw_dir), data_dir=str(args.data_dir), config=config)
+    result = preprocess_train(
+        raw_dir=str(args.raw_dir) if args.raw_dir else None,
+        data_dir=str(args.data_dir),
+        **{section: getattr(config, section) for section in PreprocessConfig.model_fields},
+        models=models,
+        seeds=seeds,
+        model_overrides={m: model_set for m in neural},
+        train_overrides={m: train_set for m in neural},
+        device=args.device,
+        workers=max(1, args.workers),
+        task_runner=args.task_runner,
+        dask_address=args.dask_address,
+        dask_workers=args.dask_workers,
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+    )
     _print_summary(result)
-    return _cmd_train(args)
+    _print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
+    for kind, decision in result["promotion"].items():
+        log.info("%s champion: %s", kind, decision["reason"])
+    return 0
+
+
+def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[str], dict, dict]:
+    from tasks.train import NEURAL
+
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
+    neural = [m for m in models if m in NEURAL]
+    return models, seeds, neural, _kv(args.model_set), _kv(args.train_set)
 
 
 def _kv(items: list[str]) -> dict[str, Any]:
@@ -254,12 +279,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from prefect.task_runners import ProcessPoolTaskRunner
 
     from flows.train import train
-    from tasks.train import NEURAL
 
-    models = [m.strip() for m in args.model.split(",") if m.strip()]
-    seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
-    model_set, train_set = _kv(args.model_set), _kv(args.train_set)
-    neural = [m for m in models if m in NEURAL]
+    models, seeds, neural, model_set, train_set = _train_plan(args)
     workers = max(1, args.workers)
     os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     runner = ProcessPoolTaskRunner(max_workers=workers)
