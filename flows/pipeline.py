@@ -24,6 +24,7 @@ from nextloc.config import (
     StaypointConfig,
 )
 from tasks import tracking
+from tasks.locking import data_dir_lock
 from tasks.pipeline import publish_summary, resolve_raw_dir
 from tasks.promotion import champion_challenger
 from tasks.runners import make_task_runner
@@ -83,47 +84,48 @@ def preprocess_train(
         split=split,
         samples=samples,
     )
-    found = resolve_raw_dir(raw_dir)
-    runner = make_task_runner(task_runner, dask_workers, dask_address)
-    preprocessed = preprocess.with_options(task_runner=runner)(
-        raw_dir=found, data_dir=data_dir, config=config
-    )
-    os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
-    trained = train.with_options(task_runner=_process_pool(workers))(
-        data_dir=preprocessed["data_dir"],
-        models=list(models),
-        seeds=list(seeds),
-        model_overrides=model_overrides or {},
-        train_overrides=train_overrides or {},
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        device=device,
-        promote_metric=promote_metric,
-        promote=False,
-    )
-    trained["promotion"] = {
-        kind: champion_challenger(
-            kind,
-            trained["runs"],
-            trained["data"],
-            decision_metric,
-            promote_metric,
-            TrackingConfig(tracking_uri, experiment),
-            trained["parent_run_id"],
-            match_radius_m,
+    with data_dir_lock(data_dir):  # one writer per data directory (re-entrant for the subflows)
+        found = resolve_raw_dir(raw_dir)
+        runner = make_task_runner(task_runner, dask_workers, dask_address)
+        preprocessed = preprocess.with_options(task_runner=runner)(
+            raw_dir=found, data_dir=data_dir, config=config
         )
-        for kind in dict.fromkeys(models)
-        if kind in NEURAL
-    }
-    summary = publish_summary(preprocessed, trained, tracking_uri, experiment, mlflow_ui_url)
-    return {
-        "data_dir": preprocessed["data_dir"],
-        "stats": preprocessed["stats"],
-        "ingest": preprocessed["ingest"],
-        "preprocess_flow_run_id": preprocessed["flow_run_id"],
-        **trained,
-        "summary": summary,
-    }
+        os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        trained = train.with_options(task_runner=_process_pool(workers))(
+            data_dir=preprocessed["data_dir"],
+            models=list(models),
+            seeds=list(seeds),
+            model_overrides=model_overrides or {},
+            train_overrides=train_overrides or {},
+            tracking_uri=tracking_uri,
+            experiment=experiment,
+            device=device,
+            promote_metric=promote_metric,
+            promote=False,
+        )
+        trained["promotion"] = {
+            kind: champion_challenger(
+                kind,
+                trained["runs"],
+                trained["data"],
+                decision_metric,
+                promote_metric,
+                TrackingConfig(tracking_uri, experiment),
+                trained["parent_run_id"],
+                match_radius_m,
+            )
+            for kind in dict.fromkeys(models)
+            if kind in NEURAL
+        }
+        summary = publish_summary(preprocessed, trained, tracking_uri, experiment, mlflow_ui_url)
+        return {
+            "data_dir": preprocessed["data_dir"],
+            "stats": preprocessed["stats"],
+            "ingest": preprocessed["ingest"],
+            "preprocess_flow_run_id": preprocessed["flow_run_id"],
+            **trained,
+            "summary": summary,
+        }
 
 
 def _process_pool(workers: int):

@@ -13,6 +13,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
 from tasks.catalog import Catalog
+from tasks.locking import data_dir_lock
 from tasks.preprocess import (
     DatasetResult,
     build_dataset_task,
@@ -43,55 +44,56 @@ def preprocess(
     catalog = Catalog(str(Path(data_dir).resolve()))
     store = {"result_storage": catalog.cache}
 
-    # Extract: raw folders and their content fingerprints
-    users, discovery = discover_raw_users(raw_dir, catalog)
+    with data_dir_lock(catalog.root):  # one writer per data directory
+        # Extract: raw folders and their content fingerprints
+        users, discovery = discover_raw_users(raw_dir, catalog)
 
-    # Per user (mapped in parallel): positionfixes, then staypoints
-    ingested = _run_mapped(
-        ingest_user.with_options(**store),
-        "user",
-        users,
-        out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
-    )
-    staypoints = _run_mapped(
-        generate_staypoints_user.with_options(**store),
-        "ingested",
-        ingested,
-        config=unmapped(config.staypoints),
-        tripleg_gap_threshold_min=unmapped(config.quality.tripleg_gap_threshold_min),
-        out_path=[str(catalog.user_staypoints(r.user_id)) for r in ingested],
-    )
-    ingest_summary = write_ingest_report(discovery, ingested, catalog)
+        # Per user (mapped in parallel): positionfixes, then staypoints
+        ingested = _run_mapped(
+            ingest_user.with_options(**store),
+            "user",
+            users,
+            out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
+        )
+        staypoints = _run_mapped(
+            generate_staypoints_user.with_options(**store),
+            "ingested",
+            ingested,
+            config=unmapped(config.staypoints),
+            tripleg_gap_threshold_min=unmapped(config.quality.tripleg_gap_threshold_min),
+            out_path=[str(catalog.user_staypoints(r.user_id)) for r in ingested],
+        )
+        ingest_summary = write_ingest_report(discovery, ingested, catalog)
 
-    # Dataset level: quality filter + DBSCAN, then samples
-    located, located_stats = _ensure(
-        locate_staypoints_task.with_options(**store), staypoints, config, str(catalog.located)
-    )
-    input_fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
-    upstream = {
-        **located_stats,
-        "positionfixes": sum(r.n_rows for r in ingested),
-        "positionfixes_duplicates": sum(s.n_duplicates for s in staypoints),
-        "staypoints": sum(s.n_staypoints for s in staypoints),
-        "rows_skipped": ingest_summary["rows_skipped"],
-        "files_skipped": ingest_summary["files_skipped"],
-    }
-    dataset: DatasetResult = _ensure(
-        build_dataset_task.with_options(**store), located, config, input_fingerprint, upstream, catalog
-    )
-    logger.info(
-        "preprocess done: %d users, total_loc_num %d, samples %s -> %s",
-        dataset.stats["n_users"]["train"],
-        dataset.stats["total_loc_num"],
-        dataset.stats["n_samples"],
-        catalog.root,
-    )
-    return {
-        "data_dir": str(catalog.root),
-        "stats": dataset.stats,
-        "ingest": ingest_summary,
-        "flow_run_id": str(flow_run.get_id()),
-    }
+        # Dataset level: quality filter + DBSCAN, then samples
+        located, located_stats = _ensure(
+            locate_staypoints_task.with_options(**store), staypoints, config, str(catalog.located)
+        )
+        input_fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
+        upstream = {
+            **located_stats,
+            "positionfixes": sum(r.n_rows for r in ingested),
+            "positionfixes_duplicates": sum(s.n_duplicates for s in staypoints),
+            "staypoints": sum(s.n_staypoints for s in staypoints),
+            "rows_skipped": ingest_summary["rows_skipped"],
+            "files_skipped": ingest_summary["files_skipped"],
+        }
+        dataset: DatasetResult = _ensure(
+            build_dataset_task.with_options(**store), located, config, input_fingerprint, upstream, catalog
+        )
+        logger.info(
+            "preprocess done: %d users, total_loc_num %d, samples %s -> %s",
+            dataset.stats["n_users"]["train"],
+            dataset.stats["total_loc_num"],
+            dataset.stats["n_samples"],
+            catalog.root,
+        )
+        return {
+            "data_dir": str(catalog.root),
+            "stats": dataset.stats,
+            "ingest": ingest_summary,
+            "flow_run_id": str(flow_run.get_id()),
+        }
 
 
 def _outputs_exist(result: Any) -> bool:

@@ -18,6 +18,7 @@ from pydantic import Field
 from flows.pipeline import preprocess_train
 from flows.train import DEFAULT_MODELS
 from tasks.dumps import merge_new_dumps
+from tasks.locking import data_dir_lock
 from tasks.train import ModelKind
 
 
@@ -45,7 +46,8 @@ def retrain(
     """
     logger = get_run_logger()
     staging = str(Path(data_dir) / "_dumps" / "staging")
-    merged = merge_new_dumps(incoming_dir, raw_dir, staging, min_age_s)
+    with data_dir_lock(raw_dir):  # one merger per raw store
+        merged = merge_new_dumps(incoming_dir, raw_dir, staging, min_age_s)
     if not merged["files_new"] and not force:
         logger.info("no new trajectory files (%d dumps seen); nothing to retrain", len(merged["dumps"]))
         return {"retrained": False, "merged": merged}

@@ -14,6 +14,7 @@ from nextloc.sequences import SPLITS
 from tasks import tracking
 from tasks.caching import Artifact
 from tasks.catalog import Catalog
+from tasks.locking import data_dir_lock
 from tasks.runners import share_api_with_workers
 from tasks.train import NEURAL, DataRef, TrackingConfig, mlflow_name, train_model_task
 
@@ -50,64 +51,65 @@ def train(
     logger = get_run_logger()
     models = models or DEFAULT_MODELS
     seeds = seeds if seeds is not None else [0]
-    data = dataset_ref(data_dir)
-    tracking_cfg = TrackingConfig(tracking_uri, experiment)
-    experiment_id = tracking.configure(tracking_uri, experiment)
-    client = tracking.MlflowClient()
-    parent = client.create_run(
-        experiment_id,
-        run_name=f"pipeline {flow_run.get_name() or ''}".strip(),
-        tags={
-            "prefect.flow_run_id": str(flow_run.get_id() or ""),
-            "data_fingerprint": data.fingerprint,
-            "kind": "pipeline",
-        },
-    )
-    parent_id = parent.info.run_id
-    client.log_param(parent_id, "models", ",".join(models))
-    client.log_param(parent_id, "seeds", ",".join(map(str, seeds)))
-    store = {"result_storage": Catalog(data.data_dir).cache}
-    share_api_with_workers()
-    try:
-        futures = [
-            train_model_task.with_options(**store).submit(
-                kind,
-                seed,
-                data,
-                (model_overrides or {}).get(kind, {}),
-                (train_overrides or {}).get(kind, {}),
-                tracking_cfg,
-                parent_id,
-                device,
-            )
-            for kind in models
-            for seed in seeds
-        ]
-        results = [f.result() for f in futures]
-        decisions = {
-            kind: tracking.promote_champion(kind, mlflow_name(promote_metric), data.fingerprint)
-            for kind in models
-            if kind in NEURAL and promote
-        }
-        board = leaderboard(results)
-        tracking.log_dict_artifact(
-            parent_id, {"leaderboard": board, "promotion": decisions, "runs": results}, "leaderboard.json"
+    with data_dir_lock(data_dir):  # one writer per data directory
+        data = dataset_ref(data_dir)
+        tracking_cfg = TrackingConfig(tracking_uri, experiment)
+        experiment_id = tracking.configure(tracking_uri, experiment)
+        client = tracking.MlflowClient()
+        parent = client.create_run(
+            experiment_id,
+            run_name=f"pipeline {flow_run.get_name() or ''}".strip(),
+            tags={
+                "prefect.flow_run_id": str(flow_run.get_id() or ""),
+                "data_fingerprint": data.fingerprint,
+                "kind": "pipeline",
+            },
         )
-        for kind, row in board.items():
-            client.log_metric(parent_id, f"{kind}_test_acc_at_1_mean", row["acc@1"]["mean"])
-        client.set_terminated(parent_id, "FINISHED")
-    except BaseException:
-        client.set_terminated(parent_id, "FAILED")
-        raise
-    logger.info("leaderboard: %s", {k: round(v["acc@1"]["mean"], 2) for k, v in board.items()})
-    return {
-        "parent_run_id": parent_id,
-        "leaderboard": board,
-        "promotion": decisions,
-        "runs": results,
-        "data": data,
-        "experiment_id": experiment_id,
-    }
+        parent_id = parent.info.run_id
+        client.log_param(parent_id, "models", ",".join(models))
+        client.log_param(parent_id, "seeds", ",".join(map(str, seeds)))
+        store = {"result_storage": Catalog(data.data_dir).cache}
+        share_api_with_workers()
+        try:
+            futures = [
+                train_model_task.with_options(**store).submit(
+                    kind,
+                    seed,
+                    data,
+                    (model_overrides or {}).get(kind, {}),
+                    (train_overrides or {}).get(kind, {}),
+                    tracking_cfg,
+                    parent_id,
+                    device,
+                )
+                for kind in models
+                for seed in seeds
+            ]
+            results = [f.result() for f in futures]
+            decisions = {
+                kind: tracking.promote_champion(kind, mlflow_name(promote_metric), data.fingerprint)
+                for kind in models
+                if kind in NEURAL and promote
+            }
+            board = leaderboard(results)
+            tracking.log_dict_artifact(
+                parent_id, {"leaderboard": board, "promotion": decisions, "runs": results}, "leaderboard.json"
+            )
+            for kind, row in board.items():
+                client.log_metric(parent_id, f"{kind}_test_acc_at_1_mean", row["acc@1"]["mean"])
+            client.set_terminated(parent_id, "FINISHED")
+        except BaseException:
+            client.set_terminated(parent_id, "FAILED")
+            raise
+        logger.info("leaderboard: %s", {k: round(v["acc@1"]["mean"], 2) for k, v in board.items()})
+        return {
+            "parent_run_id": parent_id,
+            "leaderboard": board,
+            "promotion": decisions,
+            "runs": results,
+            "data": data,
+            "experiment_id": experiment_id,
+        }
 
 
 def dataset_ref(data_dir: str) -> DataRef:

@@ -11,7 +11,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 def _digests(root: Path) -> dict[str, str]:
-    outputs = [p for p in root.rglob("*") if p.is_file() and "_cache" not in p.parts]
+    outputs = [
+        p for p in root.rglob("*") if p.is_file() and "_cache" not in p.parts and not p.name.startswith(".")
+    ]
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in outputs}
 
 

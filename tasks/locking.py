@@ -1,0 +1,109 @@
+"""One writer per data directory: runs that share a ``data_dir`` take turns instead of interleaving writes.
+
+``data_dir_lock(data_dir)`` takes an exclusive ``flock`` on ``<data_dir>/.nextloc.lock`` for the whole of
+a run. A second run on the same directory waits (logging who holds it) and then finds everything its
+predecessor wrote in the cache. The operating system drops the lock when the holder dies, SIGKILL
+included, so a crash never leaves a stale lock. Nested use in one process (``preprocess-train`` calling
+the ``preprocess`` and ``train`` flows) is re-entrant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+logger = logging.getLogger("nextloc.lock")
+
+LOCK_NAME = ".nextloc.lock"
+_held: dict[tuple[str, int], int] = {}
+_guard = threading.Lock()
+
+
+class DataDirBusy(RuntimeError):
+    """Another run holds the data directory and ``timeout_s`` passed."""
+
+
+@contextlib.contextmanager
+def data_dir_lock(
+    data_dir: str | Path, timeout_s: float | None = None, poll_s: float = 1.0
+) -> Iterator[None]:
+    """Hold the data directory's lock for the duration of the block.
+
+    Args:
+        data_dir: the run's output folder (created if missing).
+        timeout_s: give up after this long (``DataDirBusy``); None waits as long as it takes
+            (``$NEXTLOC_LOCK_TIMEOUT_S`` overrides).
+        poll_s: how often to retry while waiting.
+    """
+    root = Path(data_dir).resolve()
+    key = (str(root), threading.get_ident())  # re-entrant within a thread; other threads wait like processes
+    with _guard:
+        if key in _held:
+            _held[key] += 1
+            reentrant = True
+        else:
+            reentrant = False
+    if reentrant:
+        try:
+            yield
+        finally:
+            with _guard:
+                _held[key] -= 1
+        return
+    if timeout_s is None and os.environ.get("NEXTLOC_LOCK_TIMEOUT_S"):
+        timeout_s = float(os.environ["NEXTLOC_LOCK_TIMEOUT_S"])
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _acquire(fd, path, timeout_s, poll_s)
+        os.ftruncate(fd, 0)
+        holder = {"pid": os.getpid(), "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        os.write(fd, json.dumps(holder).encode())
+        with _guard:
+            _held[key] = 1
+        try:
+            yield
+        finally:
+            with _guard:
+                _held.pop(key, None)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _acquire(fd: int, path: Path, timeout_s: float | None, poll_s: float) -> None:
+    started = time.monotonic()
+    announced = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if announced:
+                logger.info("got %s after %.0f s", path, time.monotonic() - started)
+            return
+        except BlockingIOError:
+            pass
+        if not announced:
+            logger.warning("%s is held by another run (%s); waiting for it to finish", path, _holder(path))
+            announced = True
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            raise DataDirBusy(
+                f"{path.parent} is in use by another run ({_holder(path)}) for more than {timeout_s:.0f} s"
+            )
+        time.sleep(poll_s)
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return "holder unknown"
+    return f"pid {info.get('pid', '?')} since {info.get('since', '?')}"
