@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,24 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
         return client.create_experiment(experiment, artifact_location=artifact_location)
     except mlflow.exceptions.MlflowException:  # created concurrently
         return client.get_experiment_by_name(experiment).experiment_id
+
+
+def log_input(dataset: Any, context: str, attempts: int = 5) -> None:
+    """``mlflow.log_input`` that survives a concurrent first insert of the same dataset.
+
+    Trainings running side by side log the same dataset; on a fresh SQLite store two of them can race to
+    insert its row and one fails with ``UNIQUE constraint failed: datasets...`` (seen on the full data).
+    The row exists by then, so logging again succeeds.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            mlflow.log_input(dataset, context=context)
+            return
+        except mlflow.exceptions.MlflowException as err:
+            if "UNIQUE constraint failed" not in str(err) or attempt == attempts:
+                raise
+            logger.info("dataset row inserted concurrently; logging the input again (%d)", attempt)
+            time.sleep(0.2 * attempt)
 
 
 def registered_name(kind: str) -> str:

@@ -71,6 +71,8 @@ def mlflow_name(key: str) -> str:
     task_run_name="train {kind} seed {seed}",
     cache_policy=TASK_SOURCE + ContentInputs(exclude=["parent_run_id"]),
     persist_result=True,
+    retries=1,  # a retry resumes from the last completed epoch (see fit's resume state)
+    retry_delay_seconds=5,
 )
 def train_model_task(
     kind: str,
@@ -104,7 +106,7 @@ def train_model_task(
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"{kind}-seed{seed}", tags=tags) as run:
-        mlflow.log_input(_dataset(data), context="training")
+        tracking.log_input(_dataset(data), context="training")
         started = time.perf_counter()
         run_dir = Path(data.data_dir) / "results" / kind / f"seed{seed}"
         checkpoint_dir = run_dir / "checkpoints"
