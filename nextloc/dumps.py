@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import lzma
 import shutil
 import tarfile
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,8 +113,9 @@ def unpack_dump(path: Path, staging: Path) -> Path:
     """The folder to read a dump from: the dump itself, or its archive unpacked safely into ``staging``.
 
     Raises:
-        DumpRejected: for an unreadable archive, or members that are absolute, contain ``..``, are links or
-            devices (nothing is written in that case).
+        DumpRejected: for an unreadable or corrupt archive (compressed streams are read to the end, so
+            their checksums are verified), or members that would land outside ``staging``: absolute
+            paths, ``..``, links leading out, devices; zips may hold no links at all (nothing is kept then).
     """
     if path.is_dir():
         return path
@@ -136,7 +139,22 @@ def unpack_dump(path: Path, staging: Path) -> Path:
                     tar.extractall(staging, filter="data")
                 except tarfile.FilterError as err:
                     raise DumpRejected(f"{path.name}: unsafe archive member: {err}") from err
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as err:
+                # a damaged member header ends a tar early without an error: read the (compressed) stream
+                # to its end so that its checksum (gzip, bz2, xz) is verified
+                while tar.fileobj.read(1 << 20):
+                    pass
+    # corrupt deflate/xz data raises zlib.error/LZMAError; an unsupported zip method NotImplementedError;
+    # an encrypted zip member RuntimeError: all mean the archive cannot be read, not a crash
+    except (
+        zipfile.BadZipFile,
+        tarfile.TarError,
+        EOFError,
+        OSError,
+        zlib.error,
+        lzma.LZMAError,
+        NotImplementedError,
+        RuntimeError,
+    ) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise DumpRejected(f"{path.name}: cannot read the archive: {err}") from err
     except DumpRejected:
