@@ -73,3 +73,17 @@ def write_with(writer: Callable[[Path], None], path: Path) -> str:
 def read_parquet(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     """Read a parquet file into pandas (tz-aware timestamps stay tz-aware)."""
     return pq.read_table(path, columns=columns).to_pandas()
+
+
+def remove_stale_temp_files(root: Path) -> list[Path]:
+    """Delete the temporary files (``.<name>.*.tmp``) that writers killed mid-write left under ``root``.
+
+    Only call this while no writer can be active (``tasks.locking.data_dir_lock`` held); the final files
+    they were meant to replace are untouched, so nothing is lost.
+    """
+    removed = []
+    for tmp in Path(root).rglob(".*.tmp"):
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed

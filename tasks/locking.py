@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from nextloc.storage import remove_stale_temp_files
+
 logger = logging.getLogger("nextloc.lock")
 
 LOCK_NAME = ".nextloc.lock"
@@ -70,6 +72,9 @@ def data_dir_lock(
         os.write(fd, json.dumps(holder).encode())
         with _guard:
             _held[key] = 1
+        stale = remove_stale_temp_files(root)  # ours alone now: any temp file is from a killed writer
+        if stale:
+            logger.warning("removed %d temporary files left by an interrupted run under %s", len(stale), root)
         try:
             yield
         finally:

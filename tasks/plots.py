@@ -10,6 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from nextloc.storage import write_with
+
 
 def plot_training_curves(history: list[dict[str, float]], path: Path, title: str) -> Path:
     """Train/val loss and val Acc@1 per epoch."""
@@ -30,7 +32,7 @@ def plot_training_curves(history: list[dict[str, float]], path: Path, title: str
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    write_with(lambda tmp: fig.savefig(tmp, dpi=100, format="png"), path)
     plt.close(fig)
     return path
 
@@ -44,6 +46,6 @@ def plot_per_user(per_user: pd.DataFrame, path: Path, title: str) -> Path:
     ax.set(xlabel="user", ylabel="Acc@1 (%)", title=title, ylim=(0, 100))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    write_with(lambda tmp: fig.savefig(tmp, dpi=100, format="png"), path)
     plt.close(fig)
     return path

@@ -72,6 +72,22 @@ def log_input(dataset: Any, context: str, attempts: int = 5) -> None:
             time.sleep(0.2 * attempt)
 
 
+def close_interrupted_runs(experiment_id: str, tags: dict[str, str]) -> list[str]:
+    """Mark as KILLED the runs with these tags still RUNNING: a killed process never ended them.
+
+    Safe only while no other process can be running them: the caller holds the data directory's lock
+    (``tasks.locking``) and the tags name the data directory, model and seed.
+    """
+    query = " and ".join([*(f"tags.{k} = '{v}'" for k, v in tags.items()), "attributes.status = 'RUNNING'"])
+    client = MlflowClient()
+    stale = [r.info.run_id for r in client.search_runs([experiment_id], query)]
+    for run_id in stale:
+        client.set_tag(run_id, "nextloc.interrupted", "true")
+        client.set_terminated(run_id, "KILLED")
+        logger.warning("MLflow run %s was left RUNNING by an interrupted process; marked KILLED", run_id)
+    return stale
+
+
 def registered_name(kind: str) -> str:
     """One registered model per model kind."""
     return f"nextloc-{kind}"

@@ -20,7 +20,7 @@ from nextloc.metrics import evaluate_scores
 from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
 from nextloc.sequences import SPLITS
 from nextloc.serving import pack_histories
-from nextloc.storage import write_json
+from nextloc.storage import write_json, write_with
 from nextloc.train import TrainConfig, fit_model, predict_scores, resolve_device
 from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
@@ -102,7 +102,8 @@ def train_model_task(
     splits = {s: SampleTensors.from_parquet(Path(data.samples[s].path), dev) for s in SPLITS}
     vocab = {"total_loc_num": meta["total_loc_num"], "total_user_num": meta["total_user_num"]}
     experiment_id = tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
-    tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint}
+    tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint, "data_dir": data.data_dir}
+    tracking.close_interrupted_runs(experiment_id, tags)
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"{kind}-seed{seed}", tags=tags) as run:
@@ -129,10 +130,11 @@ def train_model_task(
             "val": summary["val"],
             "target_in_history": summary["target_in_history"],
             "train_seconds": round(time.perf_counter() - started, 2),
+            "resumed_from_epoch": int(result["timing"].get("resumed_from_epoch", 0)),
             "mlflow_run_id": run.info.run_id,
         }
         write_json(results_json, run_dir / "results.json")
-        summary["per_user"].to_csv(run_dir / "per_user.csv", index=False)
+        write_with(lambda tmp: summary["per_user"].to_csv(tmp, index=False), run_dir / "per_user.csv")
         _log_artifacts(run.info.run_id, run_dir, result, summary, kind, seed)
         catalog = Catalog(data.data_dir)
         for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
@@ -186,6 +188,10 @@ def _train_neural(
         "train_seconds": selection.train_seconds + (refit.train_seconds if refit else 0.0),
         "seconds_to_best": selection.seconds_to_best,
         "train_samples_per_s": selection.train_samples_per_s,
+        # > 0 when a crashed attempt's checkpoint was resumed (the results are those of an uninterrupted run)
+        "resumed_from_epoch": float(
+            max(selection.resumed_from_epoch, refit.resumed_from_epoch if refit else 0)
+        ),
     }
     return {
         "model": final.model,
