@@ -189,3 +189,37 @@ def read_task_states(flow_run_id, expected: int | None = None) -> dict[str, str]
 def task_states() -> Callable[..., dict[str, str]]:
     """``task_states(flow_run_id, expected=None)``: task-run name -> final state name, from the Prefect API."""
     return read_task_states
+
+
+_MEASURE = (
+    "import resource, subprocess, sys\n"
+    "done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+    "sys.stderr.write(f'PEAK_KB {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n')\n"
+    "sys.exit(done.returncode)\n"
+)
+
+
+def _peak_rss_mb(args: list[str], cwd: Path) -> float:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PREFECT_HOME": str(cwd / ".prefect")}
+    env.pop("PREFECT_API_URL", None)
+    nextloc = str(Path(sys.executable).parent / "nextloc")
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, nextloc, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stderr.splitlines() if x.startswith("PEAK_KB"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.fixture(scope="session")
+def peak_rss_mb() -> Callable[[list[str], Path], float]:
+    """``peak_rss_mb(args, cwd)``: run ``nextloc args`` in a fresh process; the peak RSS (MB) of its tree."""
+    return _peak_rss_mb
