@@ -131,3 +131,31 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
     )
     assert artifacts, "no summary artifact"
     assert f"{mlflow}/#/experiments/{exp_id}/runs/{parent_id}" in artifacts[0]["data"]
+
+
+def test_bad_parameter_is_rejected_before_any_work(services):
+    root, env, _ = services
+    api = f"http://127.0.0.1:{env['NEXTLOC_PREFECT_PORT']}/api"
+    run = subprocess.run(
+        [
+            str(BIN / "prefect"),
+            "deployment",
+            "run",
+            "preprocess-train/geolife",
+            "--param",
+            "data_dir=data/bad",
+            "--param",
+            'locations={"epsilon_m": -5}',
+            "--watch",
+            "--watch-timeout",
+            "300",
+        ],
+        cwd=root,
+        env={**env, "PREFECT_API_URL": api},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode != 0
+    assert "epsilon_m" in run.stdout + run.stderr
+    assert not (root / "data" / "bad").exists()
