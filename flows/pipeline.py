@@ -123,6 +123,7 @@ def preprocess_train(
             "stats": preprocessed["stats"],
             "ingest": preprocessed["ingest"],
             "preprocess_flow_run_id": preprocessed["flow_run_id"],
+            "users_run": preprocessed["users_run"],
             **trained,
             "summary": summary,
         }

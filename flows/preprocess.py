@@ -12,6 +12,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
+from tasks.caching import cached_result
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
 from tasks.preprocess import (
@@ -49,16 +50,18 @@ def preprocess(
         users, discovery = discover_raw_users(raw_dir, catalog)
 
         # Per user (mapped in parallel): positionfixes, then staypoints
-        ingested = _run_mapped(
+        ingested, ingest_run = _run_mapped(
             ingest_user.with_options(**store),
             "user",
             users,
+            catalog.cache,
             out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
         )
-        staypoints = _run_mapped(
+        staypoints, staypoints_run = _run_mapped(
             generate_staypoints_user.with_options(**store),
             "ingested",
             ingested,
+            catalog.cache,
             config=unmapped(config.staypoints),
             tripleg_gap_threshold_min=unmapped(config.quality.tripleg_gap_threshold_min),
             out_path=[str(catalog.user_staypoints(r.user_id)) for r in ingested],
@@ -93,6 +96,7 @@ def preprocess(
             "stats": dataset.stats,
             "ingest": ingest_summary,
             "flow_run_id": str(flow_run.get_id()),
+            "users_run": {"ingest": ingest_run, "staypoints": staypoints_run},
         }
 
 
@@ -120,14 +124,37 @@ def _ensure(task_fn: Any, *args: Any) -> Any:
     return result
 
 
-def _run_mapped(task_fn: Any, mapped_name: str, items: list, **kwargs: Any) -> list:
-    """Map a per-user task; recompute the cached results whose files are gone."""
-    futures = task_fn.map(**{mapped_name: items}, **kwargs)
-    results = futures.result()
-    stale = [i for i, r in enumerate(results) if not _outputs_exist(r)]
-    if stale:
-        per_item = {k: (v.value if isinstance(v, unmapped) else v) for k, v in kwargs.items()}
-        for i in stale:
-            call = {k: (v if isinstance(kwargs[k], unmapped) else v[i]) for k, v in per_item.items()}
-            results[i] = task_fn.with_options(refresh_cache=True)(**{mapped_name: items[i]}, **call)
-    return results
+def _run_mapped(
+    task_fn: Any, mapped_name: str, items: list, storage: Path, **kwargs: Any
+) -> tuple[list, int]:
+    """Map a per-user task over the calls not already in the cache; recompute results whose files are gone.
+
+    Returns:
+        The results in the order of ``items``, and how many calls ran (the rest came from the cache).
+    """
+    per_item = {k: (v.value if isinstance(v, unmapped) else v) for k, v in kwargs.items()}
+
+    def call(i: int) -> dict[str, Any]:
+        return {k: (v if isinstance(kwargs[k], unmapped) else v[i]) for k, v in per_item.items()}
+
+    results: list[Any] = [None] * len(items)
+    todo = []
+    for i, item in enumerate(items):
+        hit, value = cached_result(task_fn, {mapped_name: item, **call(i)}, storage)
+        if hit and _outputs_exist(value):
+            results[i] = value
+        else:
+            todo.append(i)
+    if todo:
+        mapped = {k: (v if isinstance(v, unmapped) else [v[i] for i in todo]) for k, v in kwargs.items()}
+        for i, result in zip(
+            todo, task_fn.map(**{mapped_name: [items[i] for i in todo]}, **mapped).result(), strict=True
+        ):
+            results[i] = result
+    for i in todo:
+        if not _outputs_exist(results[i]):
+            results[i] = task_fn.with_options(refresh_cache=True)(**{mapped_name: items[i]}, **call(i))
+    get_run_logger().info(
+        "%s: %d cached results reused, %d run", task_fn.name, len(items) - len(todo), len(todo)
+    )
+    return results, len(todo)

@@ -12,7 +12,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from nextloc.fingerprint import hash_file
 from nextloc.sequences import SPLITS
 from tasks import tracking
-from tasks.caching import Artifact
+from tasks.caching import Artifact, cached_result
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
 from tasks.runners import share_api_with_workers
@@ -68,24 +68,34 @@ def train(
         parent_id = parent.info.run_id
         client.log_param(parent_id, "models", ",".join(models))
         client.log_param(parent_id, "seeds", ",".join(map(str, seeds)))
-        store = {"result_storage": Catalog(data.data_dir).cache}
-        share_api_with_workers()
+        cache = Catalog(data.data_dir).cache
+        task = train_model_task.with_options(result_storage=cache)
+        calls = [
+            {
+                "kind": kind,
+                "seed": seed,
+                "data": data,
+                "model_overrides": (model_overrides or {}).get(kind, {}),
+                "train_overrides": (train_overrides or {}).get(kind, {}),
+                "tracking_cfg": tracking_cfg,
+                "parent_run_id": parent_id,
+                "device": device,
+            }
+            for kind in models
+            for seed in seeds
+        ]
         try:
-            futures = [
-                train_model_task.with_options(**store).submit(
-                    kind,
-                    seed,
-                    data,
-                    (model_overrides or {}).get(kind, {}),
-                    (train_overrides or {}).get(kind, {}),
-                    tracking_cfg,
-                    parent_id,
-                    device,
-                )
-                for kind in models
-                for seed in seeds
-            ]
-            results = [f.result() for f in futures]
+            # cached trainings are read back here: no worker process starts for them
+            cached = [cached_result(task, call, cache) for call in calls]
+            if not all(hit for hit, _ in cached):
+                share_api_with_workers()
+            futures = {
+                i: task.submit(**call)
+                for i, (call, (hit, _)) in enumerate(zip(calls, cached, strict=True))
+                if not hit
+            }
+            results = [futures[i].result() if i in futures else value for i, (_, value) in enumerate(cached)]
+            logger.info("trainings: %d cached, %d run", len(calls) - len(futures), len(futures))
             decisions = {
                 kind: tracking.promote_champion(kind, mlflow_name(promote_metric), data.fingerprint)
                 for kind in models

@@ -55,6 +55,7 @@ from torch import nn
 
 from nextloc.data import SampleTensors
 from nextloc.metrics import MetricAccumulator, evaluate_scores
+from nextloc.storage import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -562,18 +563,9 @@ def _save_checkpoint(path: Path, state: dict, epoch: int, val_loss: float, confi
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, flushed to disk, then renamed over ``path``.
-
-    A crash at any point leaves either the previous file or the new one, never a partial file at ``path``
-    (a stale ``.tmp`` left by a crash is overwritten by the next save).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """``torch.save`` through :func:`nextloc.storage.atomic_path`: never a partial file at ``path``."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:

@@ -8,13 +8,18 @@ computed with the old code.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from prefect.cache_policies import TASK_SOURCE, CachePolicy
+from prefect.filesystems import LocalFileSystem
+from prefect.results import ResultStore
 from pydantic import BaseModel
 
 import nextloc
@@ -87,3 +92,33 @@ class ContentInputs(CachePolicy):
 
 
 CACHE_POLICY = TASK_SOURCE + ContentInputs()
+
+
+logger = logging.getLogger(__name__)
+
+
+def cached_result(task: Any, parameters: dict[str, Any], storage: str | Path) -> tuple[bool, Any]:
+    """Look a call up in Prefect's cache without running it: ``(True, result)`` on a hit, else ``(False, None)``.
+
+    The key is the one Prefect's task engine computes (the task's own cache policy over the same
+    parameters), read from the same result storage, so a hit here is the hit the engine would find. Flows
+    use it to skip submitting calls that are already done: a rerun of 182 cached per-user tasks then costs
+    no task runs (and no burst of state events that slows the next API call), and cached trainings start
+    no worker processes. A record that cannot be read (cut short by a crash) is removed and reported as a
+    miss, so the call runs again instead of failing on it.
+    """
+    key = task.cache_policy.compute_key(
+        task_ctx=SimpleNamespace(task=task), inputs=parameters, flow_parameters={}
+    )
+    if key is None:
+        return False, None
+    store = ResultStore(result_storage=LocalFileSystem(basepath=str(storage)))
+    if not store.exists(key):
+        return False, None
+    try:
+        return True, store.read(key).result
+    except Exception as err:  # noqa: BLE001 - any unreadable record is a miss
+        logger.warning("unreadable cache record %s (%s); recomputing", key, err)
+        with contextlib.suppress(OSError):
+            (Path(storage) / key).unlink()
+        return False, None
