@@ -53,7 +53,14 @@ def preprocess_train(
     train_overrides: dict[str, dict[str, Any]] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     workers: Annotated[int, Field(ge=1)] = 2,
-    promote_metric: str = "best_val_acc@1",
+    promote_metric: Literal[
+        "best_val_acc@1",
+        "best_val_acc@5",
+        "best_val_acc@10",
+        "best_val_mrr",
+        "best_val_ndcg@10",
+        "best_val_f1",
+    ] = "best_val_acc@1",
     decision_metric: Literal["acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1"] = "acc@1",
     match_radius_m: Annotated[float, Field(gt=0)] = 50.0,
     task_runner: Literal["local", "dask"] = "local",
@@ -76,6 +83,11 @@ def preprocess_train(
     on this run's test split (a champion from earlier data reads it in its own ids, matched within
     ``match_radius_m``). The decision and both scores go to the MLflow parent run.
     """
+    unknown = (set(model_overrides or {}) | set(train_overrides or {})) - set(NEURAL)
+    if unknown:
+        raise ValueError(
+            f"model_overrides/train_overrides name unknown models {sorted(unknown)}; expected {NEURAL}"
+        )
     config = PreprocessConfig(
         timezone=timezone,
         staypoints=staypoints,

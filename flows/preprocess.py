@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,14 @@ def _outputs_exist(result: Any) -> bool:
 
 
 def _ensure(task_fn: Any, *args: Any) -> Any:
-    """Run a task; if a cached result points at files that are gone, recompute it."""
-    result = task_fn(*args)
+    """Run a task; if a cached result points at files that are gone, recompute it.
+
+    The cache is looked up first (``cached_result``), which also clears a record a crash left unreadable.
+    """
+    parameters = inspect.signature(task_fn.fn).bind(*args).arguments
+    hit, result = cached_result(task_fn, dict(parameters), task_fn.result_storage)
+    if not hit:
+        result = task_fn(*args)
     if not _outputs_exist(result):
         result = task_fn.with_options(refresh_cache=True)(*args)
     return result

@@ -139,3 +139,15 @@ def test_predict_round_trip(trained, tmp_path):
     single = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
     assert len(single) == 1
     assert len(single[0]) == 3
+
+
+def test_changed_model_parameter_retrains_only_that_model(trained):
+    """A new mhsa training option retrains mhsa (both seeds); markov and pointer_plus come from the cache."""
+    from flows.train import train
+
+    _, _, result, kwargs = trained
+    changed = {**kwargs, "train_overrides": {**kwargs["train_overrides"], "mhsa": {**SHORT, "lr": 5e-4}}}
+    again = train(**changed)
+    old = {(r["kind"], r["seed"]): r["run_id"] for r in result["runs"]}
+    new = {(r["kind"], r["seed"]): r["run_id"] for r in again["runs"]}
+    assert {key for key in old if old[key] != new[key]} == {("mhsa", 0), ("mhsa", 1)}
