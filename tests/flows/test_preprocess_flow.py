@@ -87,14 +87,11 @@ class TestPreprocessFlow:
         data_dir, result = first_run
         before = _mtimes(data_dir)
         state = _run(sample_dir, data_dir)
-        states = _task_states(state, expected=4)
+        states = _task_states(state, expected=2)
         assert state.result()["users_run"] == {"ingest": 0, "staypoints": 0}  # all 22 read from the cache
-        assert not [n for n in states if n.startswith(("ingest user", "staypoints user"))]
-        computed = {n for n, s in states.items() if s == "Completed"}
-        assert {
-            n for n in computed if not n.startswith(("discover-raw-users", "write-ingest-report"))
-        } == set()
-        assert any(n.startswith("build-dataset") and s == "Cached" for n, s in states.items())
+        # every cached step was read back from Prefect's cache, none ran: only the two cheap IO tasks did
+        assert {n.rsplit("-", 1)[0] for n in states} == {"discover-raw-users", "write-ingest-report"}
+        assert set(states.values()) == {"Completed"}
         assert _mtimes(data_dir) == before
         assert state.result()["stats"] == result["stats"]
 
