@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from nextloc.config import PreprocessConfig, flatten, load_config
+from nextloc.rawdata import DEFAULT_RAW_DIR
 
 DEFAULT_DATA_DIR = "data/geolife"
-DEFAULT_RAW_DIR = "data/raw/geolife"
 log = logging.getLogger("nextloc.cli")
 
 

@@ -16,6 +16,7 @@ Ports: ``$NEXTLOC_PREFECT_PORT`` and ``$NEXTLOC_MLFLOW_PORT``. Everything stays 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -183,25 +184,15 @@ def _wait_http(services: Services, name: str, url: str, timeout_s: float) -> Non
 
 
 def _wait_deployments(services: Services, timeout_s: float) -> None:
-    import json
-
     deadline = time.monotonic() + timeout_s
     wanted = {"preprocess-train/geolife", "retrain/geolife-dumps"}
     while time.monotonic() < deadline:
         if running_pid(services, "serve") is None:
             raise RuntimeError(f"the deployment server exited; see {services.log_file('serve')}")
         with contextlib.suppress(OSError, ValueError):
-            request = urllib.request.Request(
-                f"{services.api_url}/deployments/filter",
-                data=b"{}",
-                headers={"Content-Type": "application/json"},
-                method="POST",
-            )
-            with urllib.request.urlopen(request, timeout=5) as response:
-                deployments = json.loads(response.read())
-            flows = _flow_names(services)
-            names = {f"{flows.get(d['flow_id'], '?')}/{d['name']}" for d in deployments}
-            if wanted <= names:
+            flows = {f["id"]: f["name"] for f in _post_json(f"{services.api_url}/flows/filter")}
+            deployments = _post_json(f"{services.api_url}/deployments/filter")
+            if wanted <= {f"{flows.get(d['flow_id'], '?')}/{d['name']}" for d in deployments}:
                 log.info("deployments served: %s", ", ".join(sorted(wanted)))
                 return
         time.sleep(1.0)
@@ -210,17 +201,13 @@ def _wait_deployments(services: Services, timeout_s: float) -> None:
     )
 
 
-def _flow_names(services: Services) -> dict[str, str]:
-    import json
-
+def _post_json(url: str) -> list[dict]:
+    """POST ``{}`` to a Prefect API filter endpoint; the decoded answer."""
     request = urllib.request.Request(
-        f"{services.api_url}/flows/filter",
-        data=b"{}",
-        headers={"Content-Type": "application/json"},
-        method="POST",
+        url, data=b"{}", headers={"Content-Type": "application/json"}, method="POST"
     )
     with urllib.request.urlopen(request, timeout=5) as response:
-        return {f["id"]: f["name"] for f in json.loads(response.read())}
+        return json.loads(response.read())
 
 
 def _terminate(pid: int, sig: signal.Signals, timeout_s: float) -> None:

@@ -12,6 +12,10 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_RAW_DIR = Path("data/raw/geolife")
+"""Where the main job keeps the raw data (and ``retrain`` merges new dumps)."""
+SHARED_ARCHIVE = Path("../shared/data/geolife-1.3-raw.tar.xz")
+"""The archive beside a checkout, as on the project's machines."""
 ENV_DIR = "NEXTLOC_GEOLIFE_DIR"
 ENV_ARCHIVE = "NEXTLOC_GEOLIFE_ARCHIVE"
 

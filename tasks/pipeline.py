@@ -10,12 +10,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from nextloc.rawdata import locate_raw_data
+from nextloc.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
 from tasks import tracking
 from tasks.catalog import Catalog
 
-DEFAULT_RAW_DIR = "data/raw/geolife"
-SHARED_ARCHIVE = Path("../shared/data/geolife-1.3-raw.tar.xz")
 METRICS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
 
 
@@ -28,7 +26,7 @@ def resolve_raw_dir(raw_dir: str | None) -> str:
             raise FileNotFoundError(f"raw_dir {raw_dir} does not exist")
         logger.info("GeoLife raw data: raw_dir %s", raw_dir)
         return str(raw_dir)
-    found = locate_raw_data(Path(DEFAULT_RAW_DIR), [SHARED_ARCHIVE])
+    found = locate_raw_data(DEFAULT_RAW_DIR, [SHARED_ARCHIVE])
     logger.info("GeoLife raw data: %s", found.source)
     return str(found.path)
 
