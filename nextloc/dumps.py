@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nextloc.download import _find_data_parent
 from nextloc.fingerprint import hash_file
 from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
 from nextloc.storage import atomic_path
@@ -176,7 +177,7 @@ def plan_merge(dump_name: str, dump_root: Path, store: Path) -> MergePlan:
             at all (bad header, unreadable); a file whose name exists in the store with other bytes
             (merging would change data already ingested).
     """
-    root = _find_data_root(dump_root)
+    root = _find_data_parent(dump_root) or dump_root  # a dump of bare NNN/ folders: the dump itself
     try:
         users, folder_report = list_user_dirs(root)
     except FileNotFoundError as err:
@@ -222,19 +223,6 @@ def apply_merge(plan: MergePlan, store: Path) -> list[int]:
             shutil.copyfile(entry.source, tmp)
     logger.info("%s: merged %d new files for users %s", plan.dump, len(plan.new), plan.users)
     return plan.users
-
-
-def _find_data_root(root: Path, max_depth: int = 4) -> Path:
-    """The shallowest folder holding ``Data/`` (or ``root`` itself, for a dump of bare user folders)."""
-    level = [root]
-    for _ in range(max_depth + 1):
-        nxt: list[Path] = []
-        for folder in level:
-            if (folder / "Data").is_dir():
-                return folder
-            nxt.extend(sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()))
-        level = nxt
-    return root
 
 
 def _newest_mtime(path: Path) -> float:

@@ -59,6 +59,7 @@ def merge_new_dumps(
     entries: list[dict[str, Any]] = []
     for dump in list_dumps(incoming, min_age_s, skip=(APPLIED, QUARANTINE)):
         fingerprint = dump_fingerprint(dump)
+        staging = Path(staging_dir) / fingerprint.replace(":", "-")
         entry: dict[str, Any] = {
             "name": dump.name,
             "fingerprint": fingerprint,
@@ -69,7 +70,7 @@ def merge_new_dumps(
             logger.info("%s: %s; nothing to do", dump.name, entry["reason"])
         else:
             try:
-                root = unpack_dump(dump, Path(staging_dir) / fingerprint.replace(":", "-"))
+                root = unpack_dump(dump, staging)
                 plan = plan_merge(dump.name, root, store)
                 users = apply_merge(plan, store)
                 entry.update(
@@ -92,7 +93,7 @@ def merge_new_dumps(
                 entry.update(status="rejected", reason=str(err))
                 logger.error("%s: quarantined: %s", dump.name, err)
             finally:
-                shutil.rmtree(Path(staging_dir) / fingerprint.replace(":", "-"), ignore_errors=True)
+                shutil.rmtree(staging, ignore_errors=True)
         manifest["dumps"].append(entry)
         write_json(manifest, manifest_path(store))  # recorded before the dump moves
         _move(dump, incoming / (QUARANTINE if entry["status"] == "rejected" else APPLIED), entry)

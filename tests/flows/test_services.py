@@ -36,6 +36,21 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
+def _deployment_run(root: Path, env: dict[str, str], *params: str, watch_timeout: int = 600):
+    """``prefect deployment run preprocess-train/geolife --param ... --watch`` against the test's server."""
+    api = f"http://127.0.0.1:{env['NEXTLOC_PREFECT_PORT']}/api"
+    args = [a for p in params for a in ("--param", p)]
+    return subprocess.run(
+        [str(BIN / "prefect"), "deployment", "run", "preprocess-train/geolife", *args]
+        + ["--watch", "--watch-interval", "2", "--watch-timeout", str(watch_timeout)],
+        cwd=root,
+        env={**env, "PREFECT_API_URL": api},
+        capture_output=True,
+        text=True,
+        timeout=watch_timeout + 100,
+    )
+
+
 def _get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=30) as response:
         return json.loads(response.read())
@@ -73,33 +88,14 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
     root, env, started = services
     api = f"http://127.0.0.1:{env['NEXTLOC_PREFECT_PORT']}/api"
     assert f"export PREFECT_API_URL={api}" in started
-    run = subprocess.run(
-        [
-            str(BIN / "prefect"),
-            "deployment",
-            "run",
-            "preprocess-train/geolife",
-            "--param",
-            f"raw_dir={sample_dir}",
-            "--param",
-            "data_dir=data/sample",
-            "--param",
-            'models=["markov", "mhsa"]',
-            "--param",
-            'train_overrides={"mhsa": {"max_epochs": 1, "min_epochs": 0}}',
-            "--param",
-            'locations={"epsilon_m": 20}',
-            "--watch",
-            "--watch-interval",
-            "2",
-            "--watch-timeout",
-            "600",
-        ],
-        cwd=root,
-        env={**env, "PREFECT_API_URL": api},
-        capture_output=True,
-        text=True,
-        timeout=700,
+    run = _deployment_run(
+        root,
+        env,
+        f"raw_dir={sample_dir}",
+        "data_dir=data/sample",
+        'models=["markov", "mhsa"]',
+        'train_overrides={"mhsa": {"max_epochs": 1, "min_epochs": 0}}',
+        'locations={"epsilon_m": 20}',
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Completed" in run.stdout
@@ -135,27 +131,7 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
 
 def test_bad_parameter_is_rejected_before_any_work(services):
     root, env, _ = services
-    api = f"http://127.0.0.1:{env['NEXTLOC_PREFECT_PORT']}/api"
-    run = subprocess.run(
-        [
-            str(BIN / "prefect"),
-            "deployment",
-            "run",
-            "preprocess-train/geolife",
-            "--param",
-            "data_dir=data/bad",
-            "--param",
-            'locations={"epsilon_m": -5}',
-            "--watch",
-            "--watch-timeout",
-            "300",
-        ],
-        cwd=root,
-        env={**env, "PREFECT_API_URL": api},
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    run = _deployment_run(root, env, "data_dir=data/bad", 'locations={"epsilon_m": -5}', watch_timeout=300)
     assert run.returncode != 0
     assert "epsilon_m" in run.stdout + run.stderr
     assert not (root / "data" / "bad").exists()
