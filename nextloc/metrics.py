@@ -1,4 +1,12 @@
-"""Ranking metrics for next-location prediction: Acc@k, MRR, NDCG@10 and weighted F1.
+"""Ranking metrics for next-location prediction, in two families, plus the new-place metrics.
+
+**Place metrics** (the product's headline, ``place_*``): what a user gets. Classes 0 (padding) and 1 (a
+location not seen in training) are removed from every ranking, so a model can only name real places, and a
+target of 1 is always a miss. They are averaged over *all* samples (``n``), so every model is scored on the
+same denominator and a model cannot gain by predicting "somewhere new".
+
+**Reference metrics** (``acc@k``, ``mrr``, ``ndcg@10``, ``f1``): the published protocol, kept exactly for
+comparison with published work.
 
 The reference (ML ``utils/train.py`` ≡ V2 ``src/evaluation/metrics.py``, protocol §4) scores every class of the
 vocabulary, **including 0 (padding) and 1 (unseen location)**, masks nothing, and micro-averages over samples.
@@ -18,7 +26,17 @@ where ``y`` is the target and ``s_y`` its score. Every metric follows from that 
 - ``f1`` = ``sklearn.metrics.f1_score(y_true, top1, average="weighted", zero_division=0)`` where ``top1`` is the
   rank-1 class under the same tie rule (the lowest index among the maximal scores).
 
-All metrics except ``n`` are reported in percent (x100). NaN scores are not supported (their rank is undefined).
+Place ranks follow the same convention over the classes ``>= 2`` only (the place rank of a target ``y >= 2``
+is its rank among the real places); a target ``< 2`` has no place rank (stored as 0, scored as a miss), and
+``place_f1`` is the weighted F1 of the top-ranked *place* against every target (a target of 1 keeps its
+support and can never be predicted).
+
+**New-place metrics**: ``new_place_rate`` is the share of targets that are new (class 1); for a model that
+gives P(new place) per sample, ``new_place_auc`` is its ROC-AUC against "the target is new" and
+``new_place_brier`` the Brier score (mean squared error of the probability, 0 best, *not* in percent).
+
+All metrics except ``n`` and ``new_place_brier`` are reported in percent (x100). NaN scores are not supported
+(their rank is undefined).
 """
 
 from __future__ import annotations
@@ -28,13 +46,20 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.metrics import f1_score
+from sklearn.metrics import f1_score, roc_auc_score
 
 from nextloc.data import Batch, SampleTensors
+from nextloc.sequences import FIRST_PLACE, UNSEEN
 
 TOPK = (1, 5, 10)
 NDCG_K = 10
-METRIC_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n")
+# The one metric list: every surface (results.json, MLflow, leaderboards, summaries) reads these, headline first.
+REFERENCE_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
+PLACE_KEYS = tuple(f"place_{key}" for key in REFERENCE_KEYS)
+NEW_PLACE_KEYS = ("new_place_rate", "new_place_auc", "new_place_brier")
+RESULT_KEYS = (*PLACE_KEYS, *NEW_PLACE_KEYS, *REFERENCE_KEYS)
+HEADLINE = "place_acc@1"
+METRIC_KEYS = (*RESULT_KEYS, "n")
 
 
 def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,11 +94,40 @@ def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tens
     return ranks, top1
 
 
+def place_ranks(scores: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Place rank of each target and the top-ranked place: classes 0 and 1 removed from the ranking.
+
+    Args:
+        scores: ``(B, V)`` scores over the whole vocabulary.
+        target: ``(B,)`` target class indices.
+
+    Returns:
+        ``(ranks, top1)``: ``(B,)`` int64 tensors on the scores' device; ``ranks`` is the 1-based rank of the
+        target among the places (classes ``>= 2``), **0 when the target is not a place** (0 or 1: a miss);
+        ``top1`` is the best place (never 0 or 1; lowest index among ties). A vocabulary without places
+        (``V <= 2``) ranks nothing: every rank is 0 and ``top1`` is 2.
+
+    Examples:
+        >>> place_ranks(torch.tensor([[0.0, 9.0, 2.0, 2.0], [0.0, 9.0, 1.0, 2.0]]), torch.tensor([3, 1]))
+        (tensor([2, 0]), tensor([2, 3]))
+    """
+    if scores.dim() != 2:
+        raise ValueError(f"scores must be (B, V), got shape {tuple(scores.shape)}")
+    target = target.to(device=scores.device, dtype=torch.long).reshape(-1)
+    if scores.shape[1] <= FIRST_PLACE:
+        none = torch.zeros_like(target)
+        return none, none + FIRST_PLACE
+    is_place = target >= FIRST_PLACE
+    ranks, top1 = target_ranks(scores[:, FIRST_PLACE:], (target - FIRST_PLACE).clamp(min=0))
+    return torch.where(is_place, ranks, torch.zeros_like(ranks)), top1 + FIRST_PLACE
+
+
 def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
     """Acc@1/5/10, MRR and NDCG@10 (in percent) of an array of 1-based ranks.
 
     Args:
-        ranks: 1-based ranks, any integer dtype.
+        ranks: 1-based ranks, any integer dtype; a rank of 0 means "not ranked" and counts as a miss
+            (place ranks of targets that are not places).
 
     Returns:
         ``acc@1``, ``acc@5``, ``acc@10``, ``mrr``, ``ndcg@10`` (NaN when ``ranks`` is empty).
@@ -83,6 +137,7 @@ def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
         75.0
     """
     ranks = np.asarray(ranks, dtype=np.float64)
+    ranks = np.where(ranks >= 1, ranks, np.inf)  # 0: a miss (1 / inf = 0, never <= k)
     if ranks.size == 0:
         return {**{f"acc@{k}": float("nan") for k in TOPK}, "mrr": float("nan"), "ndcg@10": float("nan")}
     out = {f"acc@{k}": float((ranks <= k).mean() * 100) for k in TOPK}
@@ -92,23 +147,56 @@ def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
     return out
 
 
+def new_place_metrics(targets: np.ndarray, p_new: np.ndarray | None = None) -> dict[str, float]:
+    """``new_place_rate`` (%) and, given P(new place) per sample, ``new_place_auc`` (%) and ``new_place_brier``.
+
+    Args:
+        targets: ``(N,)`` target classes; "new" means class 1 (a location not seen in training).
+        p_new: ``(N,)`` probabilities that the next place is new, or None.
+
+    Returns:
+        The rate; with ``p_new`` also the ROC-AUC (NaN when only one outcome occurs) and the Brier score.
+
+    Examples:
+        >>> new_place_metrics(np.array([1, 2, 3, 1]), np.array([0.9, 0.2, 0.6, 0.4]))["new_place_auc"]
+        75.0
+    """
+    is_new = np.asarray(targets) == UNSEEN
+    out = {"new_place_rate": float(is_new.mean() * 100) if is_new.size else float("nan")}
+    if p_new is None:
+        return out
+    p_new = np.asarray(p_new, dtype=np.float64)
+    if p_new.shape != is_new.shape:
+        raise ValueError(f"{p_new.shape[0] if p_new.ndim else 0} probabilities for {is_new.size} targets")
+    if p_new.size and (np.isnan(p_new).any() or p_new.min() < 0 or p_new.max() > 1):
+        raise ValueError("P(new place) must be probabilities in [0, 1]")
+    both = 0 < is_new.sum() < is_new.size
+    out["new_place_auc"] = float(roc_auc_score(is_new, p_new) * 100) if both else float("nan")
+    out["new_place_brier"] = float(np.mean((p_new - is_new) ** 2)) if p_new.size else float("nan")
+    return out
+
+
+_RANK_COLUMNS = tuple(f"{family}{key}" for family in ("place_", "") for key in (*REFERENCE_KEYS[:-1],))
+_STORED = ("ranks", "top1", "place_ranks", "place_top1", "targets")
+
+
 class MetricAccumulator:
     """Accumulates ranks and top-1 predictions batch by batch; computes the split's metrics at the end.
 
-    Ranks are computed on the scores' device in :meth:`update` and kept there; they are moved to the CPU once,
-    in the first call to :meth:`compute` (or :meth:`ranks`, :meth:`top1`, :meth:`per_user`) after an update.
+    Both families are accumulated: reference ranks over the whole vocabulary and place ranks over classes
+    ``>= 2`` (see the module docstring). Ranks are computed on the scores' device in :meth:`update` and kept
+    there; they are moved to the CPU once, in the first call to :meth:`compute` (or :meth:`ranks`,
+    :meth:`top1`, :meth:`per_user`, ...) after an update.
 
     Examples:
         >>> acc = MetricAccumulator()
         >>> acc.update(torch.tensor([[0.1, 0.9, 0.0], [0.5, 0.2, 0.3]]), torch.tensor([1, 2]))
-        >>> acc.compute()["acc@1"]
-        50.0
+        >>> acc.compute()["acc@1"], acc.compute()["place_acc@1"]
+        (50.0, 50.0)
     """
 
     def __init__(self) -> None:
-        self._ranks: list[torch.Tensor] = []
-        self._top1: list[torch.Tensor] = []
-        self._targets: list[torch.Tensor] = []
+        self._stored: dict[str, list[torch.Tensor]] = {key: [] for key in _STORED}
         self._index: list[torch.Tensor] = []
         self._without_index = 0
         self._cpu: dict[str, np.ndarray] | None = None
@@ -129,10 +217,18 @@ class MetricAccumulator:
             raise ValueError(f"{len(index)} indices for {len(target)} targets")
         if (index is None and self._index) or (index is not None and self._without_index):
             raise ValueError("pass index in every update or in none")
-        ranks, top1 = target_ranks(scores.detach(), target)
-        self._ranks.append(ranks)
-        self._top1.append(top1)
-        self._targets.append(target.detach().to(device=ranks.device, dtype=torch.long).reshape(-1))
+        scores = scores.detach()
+        ranks, top1 = target_ranks(scores, target)
+        place, place_top1 = place_ranks(scores, target)
+        batch = {
+            "ranks": ranks,
+            "top1": top1,
+            "place_ranks": place,
+            "place_top1": place_top1,
+            "targets": target.detach().to(device=ranks.device, dtype=torch.long).reshape(-1),
+        }
+        for key, value in batch.items():
+            self._stored[key].append(value)
         if index is None:
             self._without_index += 1
         else:
@@ -140,28 +236,32 @@ class MetricAccumulator:
         self._cpu = None
 
     def __len__(self) -> int:
-        return int(sum(len(r) for r in self._ranks))
+        return int(sum(len(r) for r in self._stored["ranks"]))
 
     def reset(self) -> None:
         """Forget every batch."""
         self.__init__()
 
-    def compute(self) -> dict[str, float]:
+    def compute(self, p_new: np.ndarray | None = None) -> dict[str, float]:
         """Metrics over every sample seen so far.
 
+        Args:
+            p_new: optional ``(N,)`` P(new place) per stored sample, in insertion order; adds
+                ``new_place_auc`` and ``new_place_brier``.
+
         Returns:
-            ``acc@1``, ``acc@5``, ``acc@10``, ``mrr``, ``ndcg@10``, ``f1`` in percent and ``n`` (sample count);
-            the percentages are NaN when no sample was added.
+            The place metrics (``place_acc@1`` ... ``place_f1``), ``new_place_rate`` (and the P(new place) metrics
+            when given), the reference metrics (``acc@1`` ... ``f1``), all in percent except the Brier score,
+            and ``n`` (sample count); the percentages are NaN when no sample was added.
         """
         arrays = self._arrays()
-        out = rank_metrics(arrays["ranks"])
-        if len(arrays["ranks"]):
-            f1 = f1_score(arrays["targets"], arrays["top1"], average="weighted", zero_division=0)
-            out["f1"] = float(f1 * 100)
-        else:
-            out["f1"] = float("nan")
+        out = {f"place_{k}": v for k, v in rank_metrics(arrays["place_ranks"]).items()}
+        out["place_f1"] = _weighted_f1(arrays["targets"], arrays["place_top1"])
+        out.update(new_place_metrics(arrays["targets"], p_new))
+        out.update(rank_metrics(arrays["ranks"]))
+        out["f1"] = _weighted_f1(arrays["targets"], arrays["top1"])
         out["n"] = len(arrays["ranks"])
-        return out
+        return {key: out[key] for key in METRIC_KEYS if key in out}
 
     def ranks(self) -> np.ndarray:
         """``(N,)`` int64 1-based target ranks, in insertion order."""
@@ -171,6 +271,14 @@ class MetricAccumulator:
         """``(N,)`` int64 rank-1 classes (lowest index among the maximal scores), in insertion order."""
         return self._arrays()["top1"].copy()
 
+    def place_ranks(self) -> np.ndarray:
+        """``(N,)`` int64 1-based place ranks (0: the target is not a place, a miss), in insertion order."""
+        return self._arrays()["place_ranks"].copy()
+
+    def place_top1(self) -> np.ndarray:
+        """``(N,)`` int64 top-ranked places (never 0 or 1), in insertion order."""
+        return self._arrays()["place_top1"].copy()
+
     def targets(self) -> np.ndarray:
         """``(N,)`` int64 targets, in insertion order."""
         return self._arrays()["targets"].copy()
@@ -178,6 +286,23 @@ class MetricAccumulator:
     def index(self) -> np.ndarray:
         """``(N,)`` int64 split row of each stored sample (``0..N-1`` if no index was passed to update)."""
         return self._arrays()["index"].copy()
+
+    def per_sample(self) -> pd.DataFrame:
+        """One row per stored sample, sorted by split row: ``index``, ``target``, and per family the hits and
+        gains (``place_acc@1`` ... ``place_ndcg@10``, ``acc@1`` ... ``ndcg@10``, in percent: 100 or 0 for hits).
+
+        Means of these columns are the split's metrics; paired tests (``nextloc.evaluate``) compare models
+        sample by sample with them.
+        """
+        arrays = self._arrays()
+        frame = pd.DataFrame({"index": arrays["index"], "target": arrays["targets"]})
+        for family, ranks in (("place_", arrays["place_ranks"]), ("", arrays["ranks"])):
+            ranks = np.where(ranks >= 1, ranks, np.inf).astype(np.float64)
+            for k in TOPK:
+                frame[f"{family}acc@{k}"] = (ranks <= k) * 100.0
+            frame[f"{family}mrr"] = 100.0 / ranks
+            frame[f"{family}ndcg@10"] = np.where(ranks <= NDCG_K, 100.0 / np.log2(ranks + 1.0), 0.0)
+        return frame.sort_values("index", kind="stable").reset_index(drop=True)
 
     def per_user(self, user_ids: np.ndarray) -> pd.DataFrame:
         """Rank metrics per user (micro-averaged within the user).
@@ -187,27 +312,20 @@ class MetricAccumulator:
                 looked up with the ``index`` given to :meth:`update` (insertion order if none was given).
 
         Returns:
-            One row per user, sorted by user: ``user``, ``n``, ``acc@1``, ``acc@5``, ``acc@10``, ``mrr``,
-            ``ndcg@10`` (percent).
+            One row per user, sorted by user: ``user``, ``n``, then ``place_acc@1``, ``place_acc@5``,
+            ``place_acc@10``, ``place_mrr``, ``place_ndcg@10`` and the same reference columns (percent).
         """
         arrays = self._arrays()
         user_ids = np.asarray(user_ids)
         if len(arrays["index"]) and arrays["index"].max() >= len(user_ids):
             raise ValueError(f"index {arrays['index'].max()} out of range for {len(user_ids)} user ids")
-        ranks = arrays["ranks"].astype(np.float64)
-        frame = pd.DataFrame(
-            {
-                "user": user_ids[arrays["index"]],
-                "n": 1,
-                **{f"acc@{k}": (ranks <= k) * 100.0 for k in TOPK},
-                "mrr": 100.0 / ranks,
-                "ndcg@10": np.where(ranks <= NDCG_K, 100.0 / np.log2(ranks + 1.0), 0.0),
-            }
-        )
-        columns = ["user", "n", *[f"acc@{k}" for k in TOPK], "mrr", "ndcg@10"]
+        frame = self.per_sample()
+        frame.insert(0, "user", user_ids[frame["index"].to_numpy()])
+        frame["n"] = 1
+        columns = ["user", "n", *_RANK_COLUMNS]
         if frame.empty:
             return frame[columns]
-        grouped = frame.groupby("user", sort=True)
+        grouped = frame[columns].groupby("user", sort=True)
         result = grouped.mean()
         result["n"] = grouped.size()
         return result.reset_index()[columns]
@@ -215,19 +333,23 @@ class MetricAccumulator:
     def _arrays(self) -> dict[str, np.ndarray]:
         """Concatenate the stored tensors and move them to the CPU (once per change)."""
         if self._cpu is None:
-            empty = np.zeros(0, dtype=np.int64)
-            if self._ranks:
-                ranks = torch.cat(self._ranks).cpu().numpy()
-                top1 = torch.cat(self._top1).cpu().numpy()
-                targets = torch.cat(self._targets).cpu().numpy()
-            else:
-                ranks, top1, targets = empty, empty, empty
+            arrays = {
+                key: torch.cat(values).cpu().numpy() if values else np.zeros(0, dtype=np.int64)
+                for key, values in self._stored.items()
+            }
             if self._index:
-                index = torch.cat([i.to(torch.long).cpu() for i in self._index]).numpy()
+                arrays["index"] = torch.cat([i.to(torch.long).cpu() for i in self._index]).numpy()
             else:
-                index = np.arange(len(ranks), dtype=np.int64)
-            self._cpu = {"ranks": ranks, "top1": top1, "targets": targets, "index": index}
+                arrays["index"] = np.arange(len(arrays["ranks"]), dtype=np.int64)
+            self._cpu = arrays
         return self._cpu
+
+
+def _weighted_f1(targets: np.ndarray, predicted: np.ndarray) -> float:
+    """Weighted F1 in percent (NaN without samples): the reference's ``f1_score(average="weighted")``."""
+    if not len(targets):
+        return float("nan")
+    return float(f1_score(targets, predicted, average="weighted", zero_division=0) * 100)
 
 
 def evaluate_scores(

@@ -19,7 +19,8 @@ from nextloc.config import SampleConfig, SplitConfig
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-PAD, UNSEEN = 0, 1
+# Location encoding: 0 pads, 1 is a location not seen in the train split, known places are 2, 3, ...
+PAD, UNSEEN, FIRST_PLACE = 0, 1, 2
 
 HISTORY_FIELDS = {
     "loc_hist": "location_id",
@@ -140,7 +141,7 @@ def encode(staypoints: pd.DataFrame, duration_cap_min: int = 2879) -> tuple[pd.D
     pos_clipped = np.minimum(pos, len(vocab) - 1)
     known = (pos < len(vocab)) & (vocab[pos_clipped] == raw)
     sp["raw_location_id"] = raw
-    sp["location_id"] = np.where(known, pos_clipped + 2, UNSEEN).astype(np.int64)
+    sp["location_id"] = np.where(known, pos_clipped + FIRST_PLACE, UNSEEN).astype(np.int64)
     users = np.unique(sp["user_id"].to_numpy())
     sp["user"] = (np.searchsorted(users, sp["user_id"].to_numpy()) + 1).astype(np.int64)
     sp["duration_capped"] = np.minimum(sp["duration"].to_numpy(np.int64), duration_cap_min)

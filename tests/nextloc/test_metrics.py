@@ -14,7 +14,15 @@ import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from nextloc.metrics import MetricAccumulator, evaluate_scores, rank_metrics, target_ranks
+from nextloc.metrics import (
+    METRIC_KEYS,
+    MetricAccumulator,
+    evaluate_scores,
+    new_place_metrics,
+    place_ranks,
+    rank_metrics,
+    target_ranks,
+)
 
 
 def _ranks(scores: list[list[float]], target: list[int]) -> list[int]:
@@ -144,7 +152,12 @@ class TestMetricAccumulator:
         assert out["mrr"] == pytest.approx((1 + 1 / 3 + 1 / 2 + 1) / 4 * 100)
         assert out["ndcg@10"] == pytest.approx((1 + 1 / 2 + 1 / math.log2(3) + 1) / 4 * 100)
         assert out["n"] == 4
-        assert set(out) == {"acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n"}
+        # place ranks: row 0 (target 0) and row 2 (target 1) are misses; rows 1 and 3 rank class 2 first
+        assert acc.place_ranks().tolist() == [0, 1, 0, 1]
+        assert out["place_acc@1"] == pytest.approx(50.0)
+        assert out["place_mrr"] == pytest.approx(50.0)
+        assert out["new_place_rate"] == pytest.approx(25.0)
+        assert set(out) == set(METRIC_KEYS) - {"new_place_auc", "new_place_brier"}
 
     def test_weighted_f1_by_hand(self):
         """y = [2, 2, 3, 3, 3, 4], top1 = [2, 3, 3, 3, 2, 5].
@@ -197,7 +210,15 @@ class TestMetricAccumulator:
         assert frame["acc@10"].tolist() == pytest.approx([100.0, 50.0])
         assert frame["mrr"].tolist() == pytest.approx([(1 + 1 / 2) / 2 * 100, (1 / 12 + 1) / 2 * 100])
         assert frame["ndcg@10"].tolist() == pytest.approx([(1 + 1 / math.log2(3)) / 2 * 100, 50.0])
-        assert list(frame.columns) == ["user", "n", "acc@1", "acc@5", "acc@10", "mrr", "ndcg@10"]
+        assert list(frame.columns) == [
+            "user",
+            "n",
+            *("place_acc@1", "place_acc@5", "place_acc@10", "place_mrr", "place_ndcg@10"),
+            *("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10"),
+        ]
+        # place ranks by row: row2 (target 11) -> 10 (classes 2..10 before it); rows 0, 1, 3 (targets 0, 1, 0)
+        # are misses. user 7: place MRR 0; user 9: (1/10 + 0)/2
+        assert frame["place_mrr"].tolist() == pytest.approx([0.0, 5.0])
         assert acc.index().tolist() == [2, 0, 3, 1]
 
     def test_per_user_insertion_order_without_index(self):
@@ -249,6 +270,123 @@ class TestMetricAccumulator:
         assert acc.compute()["acc@1"] == 100.0
         acc.update(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
         assert acc.compute()["acc@1"] == 50.0
+
+
+class TestPlaceMetrics:
+    """Place metrics: classes 0 and 1 removed from every ranking, a target of 1 always a miss, all samples."""
+
+    def test_target_one_is_always_a_miss(self):
+        """A model that ranks class 1 first for a target of 1 gets reference credit, never place credit."""
+        acc = MetricAccumulator()
+        acc.update(torch.tensor([[0.0, 5.0, 1.0, 2.0]]), torch.tensor([1]))
+        out = acc.compute()
+        assert out["acc@1"] == 100.0
+        assert out["mrr"] == 100.0
+        assert acc.place_ranks().tolist() == [0]
+        assert acc.place_top1().tolist() == [3]
+        for key in ("place_acc@1", "place_acc@5", "place_acc@10", "place_mrr", "place_ndcg@10", "place_f1"):
+            assert out[key] == 0.0
+        assert out["new_place_rate"] == 100.0
+
+    def test_model_ranking_one_first_loses_nothing_on_places(self):
+        """Scores [pad 9, unseen 8, 3, 7, 5], target 4 (score 5): reference rank 4 (behind 0, 1, 3);
+        place rank 2 (behind class 3 only): place Acc@1 0, Acc@5 100, MRR 50, NDCG 1/log2(3)."""
+        acc = MetricAccumulator()
+        acc.update(torch.tensor([[9.0, 8.0, 3.0, 7.0, 5.0]]), torch.tensor([4]))
+        out = acc.compute()
+        assert acc.ranks().tolist() == [4]
+        assert acc.place_ranks().tolist() == [2]
+        assert acc.top1().tolist() == [0]
+        assert acc.place_top1().tolist() == [3]
+        assert out["place_acc@1"] == 0.0
+        assert out["place_acc@5"] == 100.0
+        assert out["place_mrr"] == pytest.approx(50.0)
+        assert out["place_ndcg@10"] == pytest.approx(100 / math.log2(3))
+        assert out["mrr"] == pytest.approx(25.0)
+
+    def test_ties_among_places_lowest_index_first(self):
+        """Places 2, 3, 4 tie at the top (class 1 higher still): target 3 has place rank 2, target 2 rank 1,
+        and the top place is 2 for both rows."""
+        scores = torch.tensor([[0.0, 9.0, 4.0, 4.0, 4.0], [0.0, 9.0, 4.0, 4.0, 4.0]])
+        acc = MetricAccumulator()
+        acc.update(scores, torch.tensor([3, 2]))
+        assert acc.place_ranks().tolist() == [2, 1]
+        assert acc.place_top1().tolist() == [2, 2]
+        out = acc.compute()
+        assert out["place_acc@1"] == pytest.approx(50.0)
+        assert out["place_mrr"] == pytest.approx((1 / 2 + 1) / 2 * 100)
+
+    def test_denominator_is_every_sample(self):
+        """Four samples, two of them new (target 1): perfect place ranking on the known ones gives 50%."""
+        scores = torch.full((4, 6), -1.0)
+        targets = torch.tensor([2, 1, 5, 1])
+        scores[torch.arange(4), torch.tensor([2, 3, 5, 4])] = 1.0
+        acc = MetricAccumulator()
+        acc.update(scores, targets)
+        out = acc.compute()
+        assert out["place_acc@1"] == pytest.approx(50.0)
+        assert out["place_mrr"] == pytest.approx(50.0)
+        assert out["new_place_rate"] == pytest.approx(50.0)
+        assert out["n"] == 4
+
+    def test_place_f1_by_hand(self):
+        """y = [2, 2, 1, 3], place top1 = [2, 3, 2, 3] (row 2 would rank 1 first; places only).
+
+        class 1: support 1, never predicted -> F1 0; class 2: tp 1, fp 1, fn 1 -> F1 1/2, support 2;
+        class 3: tp 1, fp 1, fn 0 -> precision 1/2, recall 1, F1 2/3, support 1.
+        Weighted: (0 + 2 * 1/2 + 2/3) / 4 = 5/12."""
+        scores = torch.tensor(
+            [[0.0, 0.0, 3.0, 1.0], [0.0, 0.0, 1.0, 3.0], [0.0, 9.0, 3.0, 1.0], [0.0, 0.0, 1.0, 3.0]]
+        )
+        acc = MetricAccumulator()
+        acc.update(scores, torch.tensor([2, 2, 1, 3]))
+        assert acc.place_top1().tolist() == [2, 3, 2, 3]
+        assert acc.compute()["place_f1"] == pytest.approx(100 * 5 / 12)
+
+    def test_place_ranks_function(self):
+        ranks, top1 = place_ranks(torch.tensor([[5.0, 4.0, 1.0, 3.0, 3.0]]), torch.tensor([4]))
+        assert ranks.tolist() == [2]  # class 3 ties at 3.0 and has the lower index
+        assert top1.tolist() == [3]
+        ranks, top1 = place_ranks(torch.zeros(2, 2), torch.tensor([1, 0]))  # no place in the vocabulary
+        assert ranks.tolist() == [0, 0]
+        assert top1.tolist() == [2, 2]
+
+    def test_new_place_auc_and_brier_by_hand(self):
+        """is_new = [1, 0, 0, 1], p = [0.9, 0.2, 0.6, 0.4]: pairs (new, known) ordered right 3 of 4 -> AUC 75;
+        Brier = (0.01 + 0.04 + 0.36 + 0.36) / 4 = 0.1925."""
+        out = new_place_metrics(np.array([1, 2, 3, 1]), np.array([0.9, 0.2, 0.6, 0.4]))
+        assert out["new_place_rate"] == pytest.approx(50.0)
+        assert out["new_place_auc"] == pytest.approx(75.0)
+        assert out["new_place_brier"] == pytest.approx(0.1925)
+
+    def test_new_place_auc_ties_count_half(self):
+        out = new_place_metrics(np.array([1, 2]), np.array([0.5, 0.5]))
+        assert out["new_place_auc"] == pytest.approx(50.0)
+        assert out["new_place_brier"] == pytest.approx(0.25)
+
+    def test_new_place_undefined_auc_and_bad_probabilities(self):
+        assert math.isnan(new_place_metrics(np.array([2, 3]), np.array([0.1, 0.2]))["new_place_auc"])
+        with pytest.raises(ValueError, match="probabilities"):
+            new_place_metrics(np.array([1, 2]), np.array([0.1, 1.5]))
+        with pytest.raises(ValueError, match="2 targets"):
+            new_place_metrics(np.array([1, 2]), np.array([0.1]))
+
+    def test_compute_with_p_new(self):
+        acc = MetricAccumulator()
+        acc.update(torch.zeros(4, 5), torch.tensor([1, 2, 3, 1]))
+        out = acc.compute(p_new=np.array([0.9, 0.2, 0.6, 0.4]))
+        assert out["new_place_auc"] == pytest.approx(75.0)
+        assert out["new_place_brier"] == pytest.approx(0.1925)
+        assert list(out) == list(METRIC_KEYS)
+
+    def test_per_sample_means_are_the_metrics(self):
+        gen = torch.Generator().manual_seed(5)
+        acc = MetricAccumulator()
+        acc.update(torch.randn(50, 12, generator=gen), torch.randint(0, 12, (50,), generator=gen))
+        frame = acc.per_sample()
+        out = acc.compute()
+        for key in ("place_acc@1", "place_acc@10", "place_mrr", "place_ndcg@10", "acc@5", "mrr"):
+            assert frame[key].mean() == pytest.approx(out[key])
 
 
 class TestEvaluateScores:
