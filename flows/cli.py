@@ -146,7 +146,8 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="markov,mhsa,pointer_plus",
-        help="comma list of: mhsa, pointer (reference V45), pointer_plus (nextloc), lstm, markov, most_frequent, last_location",
+        help="comma list of: mhsa, pointer (reference V45), pointer_plus (nextloc), pointer_plus_refit "
+        "(refit on train + val, its own row), lstm, markov, most_frequent, last_location",
     )
     parser.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
@@ -334,17 +335,25 @@ def _print_leaderboard(board: dict[str, Any], caption: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    keys = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
-    table = Table(title="test metrics (%), mean +- std over seeds", caption=caption)
-    table.add_column("model", no_wrap=True)
-    table.add_column("seeds", justify="right")
-    for key in keys:
-        table.add_column(key, justify="right", no_wrap=True)
-    for kind, row in sorted(board.items(), key=lambda kv: -kv[1]["acc@1"]["mean"]):
-        table.add_row(
-            kind, str(row["acc@1"]["n"]), *(f"{row[k]['mean']:.2f} +- {row[k]['std']:.2f}" for k in keys)
-        )
-    Console(width=max(120, Console().width)).print(table)
+    from nextloc.evaluate import format_summary, rank_board
+    from nextloc.metrics import HEADLINE, NEW_PLACE_KEYS, PLACE_KEYS, REFERENCE_KEYS
+
+    console = Console(width=max(150, Console().width))
+    families = (
+        ("place metrics (%): real places only, a new place is a miss", PLACE_KEYS),
+        ("P(new place): share of new targets, ROC-AUC (%), Brier", NEW_PLACE_KEYS),
+        ("reference protocol metrics (%): classes 0 and 1 ranked too", REFERENCE_KEYS),
+    )
+    for title, keys in families:
+        table = Table(title=f"test {title}, mean +- std over seeds", caption=caption)
+        table.add_column("model", no_wrap=True)
+        table.add_column("seeds", justify="right")
+        for key in keys:
+            table.add_column(key, justify="right", no_wrap=True)
+        for kind in rank_board(board, HEADLINE):
+            row = board[kind]
+            table.add_row(kind, str(row[HEADLINE]["n"]), *(format_summary(row.get(k), " +- ") for k in keys))
+        console.print(table)
 
 
 def _cmd_download(args: argparse.Namespace) -> int:

@@ -26,9 +26,15 @@ from nextloc.config import (
 from tasks import tracking
 from tasks.locking import data_dir_lock
 from tasks.pipeline import publish_summary, resolve_raw_dir
-from tasks.promotion import champion_challenger
+from tasks.promotion import (
+    DEFAULT_DECISION_METRIC,
+    DEFAULT_MIN_EFFECT,
+    DEFAULT_PROMOTE_METRIC,
+    DecisionMetric,
+    SelectMetric,
+)
 from tasks.runners import make_task_runner
-from tasks.train import NEURAL, ModelKind, TrackingConfig
+from tasks.train import NEURAL, ModelKind
 
 Seed = Annotated[int, Field(ge=0)]
 
@@ -53,15 +59,9 @@ def preprocess_train(
     train_overrides: dict[str, dict[str, Any]] | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     workers: Annotated[int, Field(ge=1)] = 2,
-    promote_metric: Literal[
-        "best_val_acc@1",
-        "best_val_acc@5",
-        "best_val_acc@10",
-        "best_val_mrr",
-        "best_val_ndcg@10",
-        "best_val_f1",
-    ] = "best_val_acc@1",
-    decision_metric: Literal["acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1"] = "acc@1",
+    promote_metric: SelectMetric = DEFAULT_PROMOTE_METRIC,
+    decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
+    min_effect: Annotated[float, Field(ge=0)] = DEFAULT_MIN_EFFECT,
     match_radius_m: Annotated[float, Field(gt=0)] = 50.0,
     task_runner: Literal["local", "dask"] = "local",
     dask_address: str | None = None,
@@ -78,10 +78,12 @@ def preprocess_train(
     ``data/raw/geolife``, a local archive, or the download. ``task_runner="dask"`` fans per-user work out
     to a new ``LocalCluster`` of ``dask_workers`` processes, or to the cluster at ``dask_address``.
 
-    Promotion: per model kind, the seed best on ``promote_metric`` (validation) is the challenger; it takes
-    the ``champion`` alias only if it beats the current champion on test ``decision_metric``, both scored
-    on this run's test split (a champion from earlier data reads it in its own ids, matched within
-    ``match_radius_m``). The decision and both scores go to the MLflow parent run.
+    Promotion (the one champion rule, :mod:`tasks.promotion`): per model kind, the seed best on
+    ``promote_metric`` (validation) is the challenger version; it takes the ``champion`` alias only if the
+    kind's seeds beat the current champion on test ``decision_metric`` (a place metric by default) by at
+    least ``min_effect`` points with a paired bootstrap p < 0.05, both scored on this run's test samples
+    (a champion from earlier data reads them in its own ids, matched within ``match_radius_m``). The test,
+    the p-value, per-user-group differences and the decision go to the MLflow parent run.
     """
     unknown = (set(model_overrides or {}) | set(train_overrides or {})) - set(NEURAL)
     if unknown:
@@ -113,22 +115,10 @@ def preprocess_train(
             experiment=experiment,
             device=device,
             promote_metric=promote_metric,
-            promote=False,
+            decision_metric=decision_metric,
+            min_effect=min_effect,
+            match_radius_m=match_radius_m,
         )
-        trained["promotion"] = {
-            kind: champion_challenger(
-                kind,
-                trained["runs"],
-                trained["data"],
-                decision_metric,
-                promote_metric,
-                TrackingConfig(tracking_uri, experiment),
-                trained["parent_run_id"],
-                match_radius_m,
-            )
-            for kind in dict.fromkeys(models)
-            if kind in NEURAL
-        }
         summary = publish_summary(preprocessed, trained, tracking_uri, experiment, mlflow_ui_url)
         return {
             "data_dir": preprocessed["data_dir"],

@@ -10,7 +10,7 @@ steps, training and the champion/challenger decision run again on the new data.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from pydantic import Field
@@ -19,6 +19,7 @@ from flows.pipeline import preprocess_train
 from flows.train import DEFAULT_MODELS
 from tasks.dumps import merge_new_dumps
 from tasks.locking import data_dir_lock
+from tasks.promotion import DEFAULT_DECISION_METRIC, DecisionMetric
 from tasks.train import ModelKind
 
 
@@ -31,7 +32,7 @@ def retrain(
     seeds: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = [0],  # noqa: B006
     model_overrides: dict[str, dict[str, Any]] | None = None,
     train_overrides: dict[str, dict[str, Any]] | None = None,
-    decision_metric: Literal["acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1"] = "acc@1",
+    decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
     min_age_s: Annotated[float, Field(ge=0)] = 60.0,
     force: bool = False,
     tracking_uri: str | None = None,

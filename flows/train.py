@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.task_runners import ProcessPoolTaskRunner
+from pydantic import Field
 
+from nextloc.evaluate import leaderboard
 from nextloc.fingerprint import hash_file
+from nextloc.metrics import HEADLINE
 from nextloc.sequences import SPLITS
 from tasks import tracking
 from tasks.caching import Artifact, cached_result
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
+from tasks.promotion import (
+    DEFAULT_DECISION_METRIC,
+    DEFAULT_MIN_EFFECT,
+    DEFAULT_PROMOTE_METRIC,
+    DecisionMetric,
+    SelectMetric,
+    champion_challenger,
+)
 from tasks.runners import share_api_with_workers
-from tasks.train import NEURAL, DataRef, TrackingConfig, mlflow_name, train_model_task
+from tasks.train import DataRef, TrackingConfig, train_model_task
 
 DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus"]
 
@@ -36,17 +47,21 @@ def train(
     tracking_uri: str | None = None,
     experiment: str = tracking.DEFAULT_EXPERIMENT,
     device: str = "auto",
-    promote_metric: str = "best_val_acc@1",
+    promote_metric: SelectMetric = DEFAULT_PROMOTE_METRIC,
+    decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
+    min_effect: Annotated[float, Field(ge=0)] = DEFAULT_MIN_EFFECT,
+    match_radius_m: Annotated[float, Field(gt=0)] = 50.0,
     promote: bool = True,
 ) -> dict[str, Any]:
-    """Train, evaluate (best checkpoint) and register each model; promote the best run of each kind.
+    """Train, evaluate (best checkpoint) and register each model; decide each kind's champion.
 
-    One MLflow parent run per flow run, one child run per model and seed. Each (model, seed) task is
+    One MLflow parent run per flow run, one child run per model and seed. Each kind's champion is decided by
+    the one champion rule (:mod:`tasks.promotion`), unless ``promote=False`` (the caller decides then). Each
+    (model, seed) task is
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=ProcessPoolTaskRunner(max_workers=n))`` runs ``n`` at once;
     separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
-    these small models train about twice as fast that way. With ``promote=False`` the caller decides about
-    the ``champion`` alias (``preprocess-train`` does, champion against challenger on the test split).
+    these small models train about twice as fast that way.
     """
     logger = get_run_logger()
     models = models or DEFAULT_MODELS
@@ -55,36 +70,30 @@ def train(
         data = dataset_ref(data_dir)
         tracking_cfg = TrackingConfig(tracking_uri, experiment)
         experiment_id = tracking.configure(tracking_uri, experiment)
-        client = tracking.MlflowClient()
-        parent = client.create_run(
-            experiment_id,
-            run_name=f"pipeline {flow_run.get_name() or ''}".strip(),
-            tags={
-                "prefect.flow_run_id": str(flow_run.get_id() or ""),
-                "data_fingerprint": data.fingerprint,
-                "kind": "pipeline",
-            },
-        )
-        parent_id = parent.info.run_id
-        client.log_param(parent_id, "models", ",".join(models))
-        client.log_param(parent_id, "seeds", ",".join(map(str, seeds)))
-        cache = Catalog(data.data_dir).cache
-        task = train_model_task.with_options(result_storage=cache)
-        calls = [
-            {
-                "kind": kind,
-                "seed": seed,
-                "data": data,
-                "model_overrides": (model_overrides or {}).get(kind, {}),
-                "train_overrides": (train_overrides or {}).get(kind, {}),
-                "tracking_cfg": tracking_cfg,
-                "parent_run_id": parent_id,
-                "device": device,
-            }
-            for kind in models
-            for seed in seeds
-        ]
-        try:
+        parent_tags = {
+            "prefect.flow_run_id": str(flow_run.get_id() or ""),
+            "data_fingerprint": data.fingerprint,
+        }
+        parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
+        with tracking.parent_run(
+            experiment_id, f"pipeline {flow_run.get_name() or ''}".strip(), parent_tags, parent_params
+        ) as parent_id:
+            cache = Catalog(data.data_dir).cache
+            task = train_model_task.with_options(result_storage=cache)
+            calls = [
+                {
+                    "kind": kind,
+                    "seed": seed,
+                    "data": data,
+                    "model_overrides": (model_overrides or {}).get(kind, {}),
+                    "train_overrides": (train_overrides or {}).get(kind, {}),
+                    "tracking_cfg": tracking_cfg,
+                    "parent_run_id": parent_id,
+                    "device": device,
+                }
+                for kind in models
+                for seed in seeds
+            ]
             # cached trainings are read back here: no worker process starts for them
             cached = [cached_result(task, call, cache) for call in calls]
             if not all(hit for hit, _ in cached):
@@ -96,22 +105,29 @@ def train(
             }
             results = [futures[i].result() if i in futures else value for i, (_, value) in enumerate(cached)]
             logger.info("trainings: %d cached, %d run", len(calls) - len(futures), len(futures))
-            decisions = {
-                kind: tracking.promote_champion(kind, mlflow_name(promote_metric), data.fingerprint)
-                for kind in models
-                if kind in NEURAL and promote
-            }
-            board = leaderboard(results)
-            tracking.log_dict_artifact(
-                parent_id, {"leaderboard": board, "promotion": decisions, "runs": results}, "leaderboard.json"
-            )
-            for kind, row in board.items():
-                client.log_metric(parent_id, f"{kind}_test_acc_at_1_mean", row["acc@1"]["mean"])
-            client.set_terminated(parent_id, "FINISHED")
-        except BaseException:
-            client.set_terminated(parent_id, "FAILED")
-            raise
-        logger.info("leaderboard: %s", {k: round(v["acc@1"]["mean"], 2) for k, v in board.items()})
+            board = leaderboard([(r["kind"], r["results"]) for r in results])
+            tracking.log_leaderboard(parent_id, board, results)
+            decisions = {}
+            if promote:
+                decisions = {
+                    kind: champion_challenger(
+                        kind,
+                        results,
+                        data,
+                        decision_metric,
+                        promote_metric,
+                        tracking_cfg,
+                        parent_id,
+                        match_radius_m,
+                        min_effect,
+                    )
+                    for kind in dict.fromkeys(models)
+                }
+        logger.info(
+            "leaderboard (test %s): %s",
+            HEADLINE,
+            {k: round(v[HEADLINE]["mean"], 2) for k, v in board.items()},
+        )
         return {
             "parent_run_id": parent_id,
             "leaderboard": board,
@@ -132,16 +148,3 @@ def dataset_ref(data_dir: str) -> DataRef:
         )
     samples = {s: Artifact.record(catalog.samples(s), hash_file(catalog.samples(s))) for s in SPLITS}
     return DataRef(str(catalog.root), samples, Artifact.record(catalog.metadata, hash_file(catalog.metadata)))
-
-
-def leaderboard(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Mean and standard deviation over seeds of each test metric, per model."""
-    from tasks.evaluate import summarise
-
-    board: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in dict.fromkeys(r["kind"] for r in results):
-        rows = [r["results"] for r in results if r["kind"] == kind]
-        board[kind] = {}
-        for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1"):
-            board[kind][key] = summarise([row[key] for row in rows])
-    return board

@@ -18,6 +18,7 @@ from typing import Self
 import numpy as np
 import scipy.sparse as sp
 import torch
+from torch import nn
 
 from nextloc.data import Batch, SampleTensors
 
@@ -263,6 +264,29 @@ class LastLocationBaseline(_HistoryBaseline):
     ) -> torch.Tensor:
         """History locations ranked by recency; 0 elsewhere."""
         return recency
+
+
+BASELINES: dict[str, type] = {
+    "markov": MarkovBaseline,
+    "most_frequent": MostFrequentBaseline,
+    "last_location": LastLocationBaseline,
+}
+
+
+class BaselineModule(nn.Module):
+    """A fitted baseline as a module (``forward(batch) -> (B, V)`` scores), so it is registered, loaded and
+    served like any model kind.
+
+    Args:
+        baseline: a fitted baseline of :data:`BASELINES`.
+    """
+
+    def __init__(self, baseline) -> None:
+        super().__init__()
+        self.baseline = baseline
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.baseline.scores(batch)
 
 
 def transition_pairs(data: SampleTensors) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,9 +7,14 @@ new samples translated into the champion's ids. Locations are matched by their c
 staypoints' coordinates): each new location maps to the nearest old one within ``radius_m``, otherwise it
 is unseen (1) for the old model, exactly as an unseen test location is for any model. Users map by their
 GeoLife user id; a user the old model never saw gets 0.
+
+Each user row also carries a fingerprint of that user's final staypoints (their start and end times), so a
+later run can tell which users' data changed since a model was trained (:func:`user_data_groups`).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import pandas as pd
@@ -20,7 +25,8 @@ from nextloc.sequences import UNSEEN
 
 EARTH_RADIUS_M = 6_371_000.0
 LOCATION_COLUMNS = ["loc_index", "raw_location_id", "latitude", "longitude", "n_staypoints"]
-USER_COLUMNS = ["user_index", "user_id"]
+USER_COLUMNS = ["user_index", "user_id", "data_fingerprint"]
+USER_GROUPS = ("changed", "unchanged", "new_user", "unknown")
 
 
 def location_vocabulary(located: pd.DataFrame, encoded: pd.DataFrame) -> pd.DataFrame:
@@ -39,9 +45,49 @@ def location_vocabulary(located: pd.DataFrame, encoded: pd.DataFrame) -> pd.Data
 
 
 def user_vocabulary(encoded: pd.DataFrame) -> pd.DataFrame:
-    """Encoded user index -> GeoLife user id."""
+    """Encoded user index -> GeoLife user id, with a fingerprint of the user's staypoints.
+
+    The fingerprint hashes the user's staypoint start and end times in time order (not the location ids,
+    which move whenever anyone's data changes DBSCAN's result), so it changes exactly when the user's own
+    staypoints do.
+    """
     users = encoded[["user", "user_id"]].drop_duplicates().rename(columns={"user": "user_index"})
+    times = encoded[["user_id", "started_at", "finished_at"]].sort_values(
+        ["user_id", "started_at", "finished_at"], kind="stable"
+    )
+    fingerprints = {
+        user_id: _times_fingerprint(group["started_at"], group["finished_at"])
+        for user_id, group in times.groupby("user_id", sort=True)
+    }
+    users["data_fingerprint"] = users["user_id"].map(fingerprints)
     return users.sort_values("user_index")[USER_COLUMNS].reset_index(drop=True)
+
+
+def user_data_groups(current: pd.DataFrame, previous: pd.DataFrame) -> dict[int, str]:
+    """Per GeoLife user of ``current``: did the user's data change since ``previous`` (another vocabulary)?
+
+    Returns:
+        ``user_id -> group``: ``"unchanged"`` (same staypoints), ``"changed"``, ``"new_user"`` (absent from
+        ``previous``) or ``"unknown"`` (``previous`` was written before fingerprints existed).
+    """
+    if "data_fingerprint" not in previous.columns:
+        return {int(u): "unknown" for u in current["user_id"]}
+    before = dict(zip(previous["user_id"], previous["data_fingerprint"], strict=True))
+    groups = {}
+    for user_id, fingerprint in zip(current["user_id"], current["data_fingerprint"], strict=True):
+        if user_id not in before:
+            groups[int(user_id)] = "new_user"
+        else:
+            groups[int(user_id)] = "unchanged" if before[user_id] == fingerprint else "changed"
+    return groups
+
+
+def _times_fingerprint(started: pd.Series, finished: pd.Series) -> str:
+    digest = hashlib.blake2b(digest_size=8)
+    for column in (started, finished):
+        values = pd.to_datetime(column, utc=True).astype("int64").to_numpy()
+        digest.update(np.ascontiguousarray(values).tobytes())
+    return digest.hexdigest()
 
 
 def location_mapping(source: pd.DataFrame, target: pd.DataFrame, radius_m: float) -> np.ndarray:

@@ -66,3 +66,8 @@ class Catalog:
     def raw_hash_memo(self) -> Path:
         """Content hashes of raw files, keyed by path, size and mtime."""
         return self.root / "_cache" / "raw-hashes.json"
+
+    def run_dir(self, kind: str, seed: int) -> Path:
+        """Outputs of one trained model: ``results.json``, ``per_user.csv``, ``test_per_sample.parquet``,
+        ``new_place_head.json``, charts, and (while training runs) ``checkpoints/``."""
+        return self.root / "results" / kind / f"seed{seed}"

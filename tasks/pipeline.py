@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -10,11 +9,11 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from nextloc.evaluate import format_summary, rank_board
+from nextloc.metrics import HEADLINE, NEW_PLACE_KEYS, PLACE_KEYS, REFERENCE_KEYS
 from nextloc.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
 from tasks import tracking
 from tasks.catalog import Catalog
-
-METRICS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
 
 
 @task(name="locate-raw-data")
@@ -84,22 +83,39 @@ def render_summary(
         f"{preprocessed['ingest']['files_skipped']} files skipped (see `ingest_report.json`)",
         f"- MLflow parent run {link(trained['parent_run_id'])}",
         "",
-        "| model | seeds | " + " | ".join(METRICS) + " |",
-        "|---|---|" + "---|" * len(METRICS),
     ]
     board = trained["leaderboard"]
-    for kind, row in sorted(board.items(), key=lambda kv: -kv[1]["acc@1"]["mean"]):
-        cells = [f"{row[k]['mean']:.2f} ± {row[k]['std']:.2f}" for k in METRICS]
-        lines.append(f"| {kind} | {row['acc@1']['n']} | " + " | ".join(cells) + " |")
-    lines += ["", "| model | seed | test acc@1 | MLflow run |", "|---|---|---|---|"]
+    order = rank_board(board, HEADLINE)
+    families = (
+        ("Place metrics (%): real places only; a new place is a miss", PLACE_KEYS),
+        ("P(new place): share of new targets (%), ROC-AUC (%), Brier", NEW_PLACE_KEYS),
+        (
+            "Reference protocol metrics (%): classes 0 and 1 ranked too (for published comparisons)",
+            REFERENCE_KEYS,
+        ),
+    )
+    for title, keys in families:
+        lines += [f"**{title}**, test split, mean ± std over seeds", ""]
+        lines += ["| model | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+        for kind in order:
+            row = board[kind]
+            cells = [format_summary(row[k]) for k in keys]
+            lines.append(f"| {kind} | {row[HEADLINE]['n']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["| model | seed | test place acc@1 | test acc@1 | MLflow run |", "|---|---|---|---|---|"]
     for run in trained["runs"]:
+        results = run["results"]
         lines.append(
-            f"| {run['kind']} | {run['seed']} | {run['results']['acc@1']:.2f} | {link(run['run_id'])} |"
+            f"| {run['kind']} | {run['seed']} | {results['place_acc@1']:.2f} | {results['acc@1']:.2f} "
+            f"| {link(run['run_id'])} |"
         )
     if trained.get("promotion"):
-        lines += ["", "Champion (`champion` alias):", ""]
+        lines += ["", "Champion (`champion` alias; the one champion rule, see the README):", ""]
         for kind, decision in trained["promotion"].items():
-            lines.append(f"- `{tracking.registered_name(kind)}`: {json.dumps(decision, default=str)}")
+            verdict = "promoted" if decision.get("promoted") else "kept"
+            lines.append(f"- `{tracking.registered_name(kind)}`: **{verdict}**: {decision.get('reason', '')}")
+            for group, values in (decision.get("groups") or {}).items():
+                lines.append(f"  - users {group}: {values['n']} samples, delta {values['delta']:+.2f}")
     return "\n".join(lines) + "\n"
 
 

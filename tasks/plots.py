@@ -38,12 +38,12 @@ def plot_training_curves(history: list[dict[str, float]], path: Path, title: str
 
 
 def plot_per_user(per_user: pd.DataFrame, path: Path, title: str) -> Path:
-    """Acc@1 per user, sorted, bar width ~ number of test samples shown as labels."""
-    frame = per_user.sort_values("acc@1", ascending=False)
+    """Place Acc@1 per user, sorted, one bar per user."""
+    frame = per_user.sort_values("place_acc@1", ascending=False)
     fig, ax = plt.subplots(figsize=(max(6, 0.25 * len(frame)), 4))
-    ax.bar(range(len(frame)), frame["acc@1"], color="tab:blue")
+    ax.bar(range(len(frame)), frame["place_acc@1"], color="tab:blue")
     ax.set_xticks(range(len(frame)), [str(u) for u in frame["user"]], rotation=90, fontsize=7)
-    ax.set(xlabel="user", ylabel="Acc@1 (%)", title=title, ylim=(0, 100))
+    ax.set(xlabel="user", ylabel="place Acc@1 (%)", title=title, ylim=(0, 100))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_with(lambda tmp: fig.savefig(tmp, dpi=100, format="png"), path)

@@ -1,11 +1,15 @@
-"""Champion / challenger: move the ``champion`` alias only to a model that is better on the same test split.
+"""The one champion rule behind the ``champion`` alias, for every model kind (baselines included).
 
-The challenger is this run's best version of a model kind (on the validation metric used for selection).
-The champion is the version holding the ``champion`` alias. Both are scored on the test split of the
-current dataset: the challenger was trained on it; a champion trained on earlier data reads the same
-samples translated into its own location and user ids (``nextloc.vocabulary``; locations it never saw are
-unseen to it, like any unseen test location). The alias moves only if the challenger is strictly better on
-the decision metric, and the decision (both scores) is recorded on the MLflow parent run.
+The challenger is this run's model kind: its registered version is the seed best on a *validation* metric
+(``promote_metric``), and its evidence is every seed trained, averaged sample by sample on the test split.
+The champion is the version holding the ``champion`` alias, scored on the same test samples: a champion
+trained on this dataset reads them as they are; one trained on earlier data reads them translated into its
+own location and user ids (``nextloc.vocabulary``; locations it never saw are new to it, like any unseen
+test location). The alias moves only if the challenger is better by at least ``min_effect`` points of the
+decision metric (a place metric by default) *and* a paired bootstrap over the samples gives ``p < alpha``
+(:func:`nextloc.evaluate.champion_decision`). The test, the p-value, the per-user-group differences (users
+whose data changed since the champion was trained, unchanged users, new users) and the decision are
+recorded on the MLflow parent run, the challenger's run and the challenger's registry version.
 """
 
 from __future__ import annotations
@@ -13,20 +17,32 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 
 from nextloc.data import SampleTensors
-from nextloc.metrics import evaluate_scores
-from nextloc.vocabulary import translate_samples
+from nextloc.evaluate import champion_decision, pack_batch, score_split
+from nextloc.metrics import PLACE_KEYS, REFERENCE_KEYS
+from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
 from tasks.catalog import Catalog
-from tasks.evaluate import load_scorer, pack_batch
+from tasks.evaluate import load_scorer
 from tasks.train import DataRef, TrackingConfig, mlflow_name
+
+# validation metrics that choose a kind's version among seeds; per-sample test metrics that decide
+SELECT_METRICS = tuple(f"best_val_{key}" for key in (*PLACE_KEYS, *REFERENCE_KEYS))
+DECISION_METRICS = tuple(key for key in (*PLACE_KEYS, *REFERENCE_KEYS) if not key.endswith("f1"))
+SelectMetric = Literal[SELECT_METRICS]  # type: ignore[valid-type]
+DecisionMetric = Literal[DECISION_METRICS]  # type: ignore[valid-type]
+DEFAULT_PROMOTE_METRIC = "best_val_place_mrr"
+DEFAULT_DECISION_METRIC = "place_mrr"
+DEFAULT_MIN_EFFECT = 0.5  # points of the decision metric
+DEFAULT_ALPHA = 0.05
 
 
 @task(name="champion-challenger", task_run_name="champion vs challenger: {kind}")
@@ -39,12 +55,19 @@ def champion_challenger(
     tracking_cfg: TrackingConfig,
     parent_run_id: str,
     match_radius_m: float = 50.0,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    alpha: float = DEFAULT_ALPHA,
 ) -> dict[str, Any]:
-    """Score this run's best ``kind`` (challenger) and the ``champion`` on the current test split; decide.
+    """Decide whether this run's ``kind`` replaces the ``champion`` (see the module docstring).
 
     Returns:
-        The decision: ``promoted`` (bool), ``reason``, both versions and both scores.
+        The decision: ``promoted`` (bool), ``reason``, both versions and scores, and with a champion the
+        paired test's ``delta``, ``ci_low``, ``ci_high``, ``p_value`` and per-group ``groups``.
     """
+    if decision_metric not in DECISION_METRICS:
+        raise ValueError(f"decision_metric {decision_metric!r}: expected one of {list(DECISION_METRICS)}")
+    if select_metric not in SELECT_METRICS:
+        raise ValueError(f"promote_metric {select_metric!r}: expected one of {list(SELECT_METRICS)}")
     logger = get_run_logger()
     tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     client = tracking.MlflowClient()
@@ -52,38 +75,40 @@ def champion_challenger(
     mine = [r for r in runs if r["kind"] == kind and r["results"].get("registered_version")]
     if not mine:
         return {"promoted": False, "reason": f"no registered {kind} version in this run"}
-    challenger = max(
-        mine,
-        key=lambda r: client.get_run(r["run_id"]).data.metrics.get(mlflow_name(select_metric), float("-inf")),
+    val_key = select_metric.removeprefix("best_val_")
+    challenger = max(mine, key=lambda r: (r["results"]["val"].get(val_key, float("-inf")), -r["seed"]))
+    catalog = Catalog(data.data_dir)
+    outcomes = np.stack(
+        [
+            pd.read_parquet(catalog.run_dir(kind, r["seed"]) / "test_per_sample.parquet")[decision_metric]
+            for r in mine
+        ]
     )
-    decision: dict[str, Any] = {
+    head = {
         "metric": f"test {decision_metric}",
+        "selected_on": select_metric,
         "challenger_version": str(challenger["results"]["registered_version"]),
         "challenger_run_id": challenger["run_id"],
-        "challenger_score": float(challenger["results"][decision_metric]),
+        "challenger_seed": challenger["seed"],
+        "seeds": sorted(r["seed"] for r in mine),
     }
     champion = None
     with contextlib.suppress(mlflow.exceptions.MlflowException):
         champion = client.get_model_version_by_alias(name, tracking.CHAMPION)
     if champion is None:
-        decision.update(promoted=True, reason="no champion yet")
-    elif str(champion.version) == str(decision["challenger_version"]):
-        decision.update(promoted=False, reason="the challenger already is the champion (cached training)")
+        decision = {**head, **champion_decision(outcomes, None)}
+    elif str(champion.version) == head["challenger_version"]:
+        decision = {**head, "promoted": False, "reason": "the challenger already is the champion (cached)"}
     else:
-        decision["champion_version"] = str(champion.version)
-        decision["champion_run_id"] = champion.run_id
-        score, how = _score_champion(kind, champion, data, decision_metric, match_radius_m, tracking_cfg)
-        decision["champion_scored_on"] = how
-        if score is None:
-            decision.update(promoted=True, reason=f"the champion cannot be scored on this test split ({how})")
+        scored = _score_champion(kind, champion, data, decision_metric, match_radius_m, tracking_cfg)
+        head.update(champion_version=str(champion.version), champion_run_id=champion.run_id, **scored["how"])
+        if scored["outcomes"] is None:
+            decision = {**head, "promoted": True, "reason": f"the champion cannot be scored: {scored['why']}"}
         else:
-            decision["champion_score"] = score
-            better = decision["challenger_score"] > score
-            decision.update(
-                promoted=better,
-                reason=f"challenger {'better' if better else 'not better'} on test {decision_metric}: "
-                f"{decision['challenger_score']:.2f} vs {score:.2f}",
-            )
+            decision = {
+                **head,
+                **champion_decision(outcomes, scored["outcomes"], scored["groups"], min_effect, alpha),
+            }
     if decision["promoted"]:
         client.set_registered_model_alias(name, tracking.CHAMPION, decision["challenger_version"])
     _record(client, parent_run_id, kind, decision)
@@ -93,14 +118,14 @@ def champion_challenger(
 
 def _score_champion(
     kind: str, champion, data: DataRef, metric: str, radius_m: float, tracking_cfg: TrackingConfig
-) -> tuple[float | None, str]:
-    """The champion's ``metric`` (%) on the current test split, and how it was obtained."""
+) -> dict[str, Any]:
+    """The champion's per-sample ``metric`` on the current test split, the user group of every sample, and
+    how the samples were read (``outcomes`` None with ``why`` when it cannot be scored)."""
     client = tracking.MlflowClient()
     run = client.get_run(champion.run_id)
-    if run.data.tags.get("data_fingerprint") == data.fingerprint:
-        value = run.data.metrics.get(f"test_{mlflow_name(metric)}")
-        return (float(value), "its own run: same dataset") if value is not None else (None, "no test metric")
     catalog = Catalog(data.data_dir)
+    table = pq.read_table(catalog.samples("test"))
+    users_now = pd.read_parquet(catalog.vocabulary("users"))
     with tempfile.TemporaryDirectory() as tmp:
         try:
             folder = Path(
@@ -108,36 +133,65 @@ def _score_champion(
                     run_id=champion.run_id, artifact_path="vocabulary", dst_path=tmp
                 )
             )
+            users_then = pd.read_parquet(folder / "users.parquet")
+            locations_then = pd.read_parquet(folder / "locations.parquet")
         except (mlflow.exceptions.MlflowException, OSError) as err:
-            return None, f"its run has no vocabulary artifact ({err.__class__.__name__})"
+            return {
+                "outcomes": None,
+                "groups": None,
+                "how": {},
+                "why": f"no vocabulary ({type(err).__name__})",
+            }
+    if run.data.tags.get("data_fingerprint") == data.fingerprint:
+        how = {"champion_scored_on": "the same test split (same dataset)"}
+        groups_by_user = {int(u): "unchanged" for u in users_now["user_id"]}
+    else:
         table, stats = translate_samples(
-            pq.read_table(catalog.samples("test")),
+            table,
             pd.read_parquet(catalog.vocabulary("locations")),
-            pd.read_parquet(folder / "locations.parquet"),
-            pd.read_parquet(catalog.vocabulary("users")),
-            pd.read_parquet(folder / "users.parquet"),
+            locations_then,
+            users_now,
+            users_then,
             radius_m,
         )
+        how = {
+            "champion_scored_on": f"the test split read in its ids (locations matched within {radius_m:g} m)",
+            **{f"translation.{k}": round(v, 2) for k, v in stats.items()},
+        }
+        groups_by_user = user_data_groups(users_now, users_then)
     scorer = load_scorer(kind, str(champion.version), tracking_cfg.tracking_uri, tracking_cfg.experiment)
     samples = SampleTensors(table)
-    metrics, _ = evaluate_scores(lambda batch: scorer(pack_batch(batch)), samples, batch_size=512)
-    how = f"test split translated into its ids (locations matched within {radius_m:g} m): " + ", ".join(
-        f"{k} {v:.1f}" for k, v in stats.items()
-    )
-    return float(metrics[metric]), how
+    per_sample = score_split(lambda batch: scorer(pack_batch(batch)), samples).accumulator.per_sample()
+    groups = np.array([groups_by_user.get(int(u), "new_user") for u in samples.user_id_np], dtype=object)
+    return {"outcomes": per_sample[metric].to_numpy(), "groups": groups[per_sample["index"]], "how": how}
 
 
 def _record(client, parent_run_id: str, kind: str, decision: dict[str, Any]) -> None:
-    """Both scores as metrics, the decision as tags and a JSON artifact, on the parent run."""
+    """Scores and test statistics as parent-run metrics, the decision as tags (parent run, challenger run
+    and registry version) and the whole decision as a JSON artifact."""
     prefix = f"champion_challenger.{kind}"
-    metric = decision.get("metric", "").replace("test ", "")
-    for role in ("challenger", "champion"):
-        if f"{role}_score" in decision:
-            client.log_metric(
-                parent_run_id, f"{prefix}.{role}_test_{mlflow_name(metric)}", decision[f"{role}_score"]
-            )
-    client.set_tag(parent_run_id, f"{prefix}.decision", "promoted" if decision["promoted"] else "kept")
+    metric = mlflow_name(decision.get("metric", "").removeprefix("test "))
+    values = {
+        f"{prefix}.challenger_test_{metric}": decision.get("challenger_score"),
+        f"{prefix}.champion_test_{metric}": decision.get("champion_score"),
+        f"{prefix}.delta": decision.get("delta"),
+        f"{prefix}.p_value": decision.get("p_value"),
+    }
+    for key, value in values.items():
+        if value is not None:
+            client.log_metric(parent_run_id, key, float(value))
+    verdict = "promoted" if decision["promoted"] else "kept"
+    client.set_tag(parent_run_id, f"{prefix}.decision", verdict)
     client.set_tag(parent_run_id, f"{prefix}.reason", decision["reason"][:500])
     tracking.log_dict_artifact(parent_run_id, decision, f"champion_challenger_{kind}.json")
     if decision.get("challenger_run_id"):
-        client.set_tag(decision["challenger_run_id"], "champion_challenger", decision["reason"][:500])
+        client.set_tag(
+            decision["challenger_run_id"], "champion_challenger", f"{verdict}: {decision['reason']}"[:500]
+        )
+    if decision.get("challenger_version"):
+        client.set_model_version_tag(
+            tracking.registered_name(kind),
+            decision["challenger_version"],
+            "champion_decision",
+            f"{verdict}: {decision['reason']}"[:500],
+        )

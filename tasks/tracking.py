@@ -12,6 +12,7 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import mlflow
 import numpy as np
 import torch
 from mlflow import MlflowClient
+from mlflow.entities import Metric
 from mlflow.models import infer_signature
 
 from nextloc.serving import PackedScorer
@@ -129,42 +131,34 @@ def log_torch_model(
     return info.model_uri, str(info.registered_model_version)
 
 
-def promote_champion(kind: str, metric: str, data_fingerprint: str | None = None) -> dict[str, Any]:
-    """Give the alias ``champion`` to the registered version whose run is best on ``metric`` (higher wins).
-
-    Only versions trained on the dataset with ``data_fingerprint`` compete (validation scores on other
-    data are not comparable); a champion trained on other data is replaced.
-    """
+@contextlib.contextmanager
+def parent_run(experiment_id: str, name: str, tags: dict[str, str], params: dict[str, str]) -> Iterator[str]:
+    """The parent run of a training flow run (kind ``pipeline``): yields its id; FINISHED on success, FAILED
+    on any exception (which propagates)."""
     client = MlflowClient()
-    name = registered_name(kind)
-    best: tuple[float, str, str] | None = None
-    for version in client.search_model_versions(f"name='{name}'"):
-        if not version.run_id:
-            continue
-        run = client.get_run(version.run_id)
-        if data_fingerprint and run.data.tags.get("data_fingerprint") != data_fingerprint:
-            continue
-        score = run.data.metrics.get(metric)
-        if score is not None and (best is None or score > best[0]):
-            best = (score, version.version, version.run_id)
-    if best is None:
-        return {"promoted": False, "reason": f"no version of {name} has {metric}"}
-    current = None
-    with contextlib.suppress(mlflow.exceptions.MlflowException):
-        current = client.get_model_version_by_alias(name, CHAMPION)
-    if current is not None and current.version != best[1]:
-        current_run = client.get_run(current.run_id)
-        current_score = current_run.data.metrics.get(metric)
-        same_data = (
-            current_run.data.tags.get("data_fingerprint") == data_fingerprint or data_fingerprint is None
-        )
-        if same_data and current_score is not None and current_score >= best[0]:
-            return {
-                "promoted": False,
-                "champion_version": current.version,
-                "champion_score": current_score,
-                "challenger_score": best[0],
-            }
-    client.set_registered_model_alias(name, CHAMPION, best[1])
-    logger.info("%s@%s -> version %s (%s %.3f)", name, CHAMPION, best[1], metric, best[0])
-    return {"promoted": True, "champion_version": best[1], "champion_score": best[0], "run_id": best[2]}
+    run = client.create_run(experiment_id, run_name=name, tags={**tags, "kind": "pipeline"})
+    run_id = run.info.run_id
+    for key, value in params.items():
+        client.log_param(run_id, key, value)
+    try:
+        yield run_id
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+
+
+def log_leaderboard(parent_run_id: str, board: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """The leaderboard on the parent run: ``leaderboard.json`` and, per model kind, the mean and standard
+    deviation over seeds of every test metric (``<kind>.test_<metric>_mean`` / ``_std``)."""
+    log_dict_artifact(parent_run_id, {"leaderboard": board, "runs": runs}, "leaderboard.json")
+    metrics = []
+    now = int(time.time() * 1000)
+    for kind, row in board.items():
+        for key, summary in row.items():
+            for stat in ("mean", "std"):
+                if summary[stat] == summary[stat]:  # NaN is not logged
+                    name = f"{kind}.test_{key.replace('@', '_at_')}_{stat}"
+                    metrics.append(Metric(name, float(summary[stat]), now, 0))
+    for start in range(0, len(metrics), 1000):  # MLflow's batch limit
+        MlflowClient().log_batch(parent_run_id, metrics=metrics[start : start + 1000])

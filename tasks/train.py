@@ -14,29 +14,33 @@ import mlflow
 import torch
 from prefect import get_run_logger, task
 
-from nextloc.baselines import LastLocationBaseline, MarkovBaseline, MostFrequentBaseline
+from nextloc.baselines import BASELINES, BaselineModule
 from nextloc.data import SampleTensors
-from nextloc.metrics import evaluate_scores
+from nextloc.evaluate import Evaluation, evaluate, example_histories, model_scores
+from nextloc.metrics import RESULT_KEYS
 from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
 from nextloc.sequences import SPLITS
 from nextloc.serving import pack_histories
-from nextloc.storage import write_json, write_with
-from nextloc.train import TrainConfig, fit_model, predict_scores, resolve_device
+from nextloc.storage import write_json, write_parquet, write_with
+from nextloc.train import TrainConfig, fit_model, resolve_device
 from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.catalog import Catalog
 from tasks.plots import plot_per_user, plot_training_curves
 
-NEURAL = ("mhsa", "pointer", "pointer_plus", "lstm")
-BASELINES = {
-    "markov": MarkovBaseline,
-    "most_frequent": MostFrequentBaseline,
-    "last_location": LastLocationBaseline,
-}
+NEURAL = ("mhsa", "pointer", "pointer_plus", "pointer_plus_refit", "lstm")
 MODEL_KINDS = (*NEURAL, *BASELINES)
-ModelKind = Literal["mhsa", "pointer", "pointer_plus", "lstm", "markov", "most_frequent", "last_location"]
+ModelKind = Literal[
+    "mhsa",
+    "pointer",
+    "pointer_plus",
+    "pointer_plus_refit",
+    "lstm",
+    "markov",
+    "most_frequent",
+    "last_location",
+]
 assert set(get_args(ModelKind)) == set(MODEL_KINDS)
-RESULT_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
 
 
 @dataclass(frozen=True)
@@ -106,54 +110,72 @@ def train_model_task(
     tracking.close_interrupted_runs(experiment_id, tags)
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
+    catalog = Catalog(data.data_dir)
+    run_dir = catalog.run_dir(kind, seed)
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"{kind}-seed{seed}", tags=tags) as run:
         tracking.log_input(_dataset(data), context="training")
         started = time.perf_counter()
-        run_dir = Path(data.data_dir) / "results" / kind / f"seed{seed}"
-        checkpoint_dir = run_dir / "checkpoints"
         if kind in NEURAL:
             result = _train_neural(
-                kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev, checkpoint_dir
+                kind,
+                seed,
+                splits,
+                vocab,
+                meta,
+                model_overrides,
+                train_overrides,
+                dev,
+                run_dir / "checkpoints",
             )
         else:
             result = _fit_baseline(kind, splits, vocab)
         mlflow.log_params({"model": kind, "seed": seed, "device": str(dev), **result["params"]})
         for step, record in enumerate(result["history"], start=1):
             mlflow.log_metrics({mlflow_name(k): v for k, v in record.items()}, step=step)
-        summary = _summarise(result, splits)
-        mlflow.log_metrics({mlflow_name(k): v for k, v in summary["flat_metrics"].items()})
+        # the model chosen on validation gives the validation metrics; the tested one may be a refit on train + val
+        evaluation = evaluate(
+            model_scores(result["selection_model"] or result["model"]),
+            model_scores(result["model"]),
+            splits["val"],
+            splits["test"],
+        )
+        mlflow.log_metrics({mlflow_name(k): v for k, v in _flat_metrics(result, evaluation).items()})
         results_json = {
-            **{k: summary["test"][k] for k in RESULT_KEYS},
-            "n_test": summary["test"]["n"],
+            **{k: evaluation.test[k] for k in RESULT_KEYS},
+            "n_test": evaluation.test["n"],
             "n_params": result["n_params"],
             "best_epoch": result["best_epoch"],
-            "val": summary["val"],
-            "target_in_history": summary["target_in_history"],
+            "refit_on_train_val": result["selection_model"] is not None,
+            "val": evaluation.val,
+            "target_in_history": evaluation.target_in_history,
             "train_seconds": round(time.perf_counter() - started, 2),
             "resumed_from_epoch": int(result["timing"].get("resumed_from_epoch", 0)),
             "mlflow_run_id": run.info.run_id,
         }
         write_json(results_json, run_dir / "results.json")
-        write_with(lambda tmp: summary["per_user"].to_csv(tmp, index=False), run_dir / "per_user.csv")
-        _log_artifacts(run.info.run_id, run_dir, result, summary, kind, seed)
-        catalog = Catalog(data.data_dir)
+        write_json(evaluation.head.to_dict(), run_dir / "new_place_head.json")
+        write_parquet(evaluation.per_sample(), run_dir / "test_per_sample.parquet")
+        write_with(lambda tmp: evaluation.per_user.to_csv(tmp, index=False), run_dir / "per_user.csv")
+        _log_artifacts(run.info.run_id, run_dir, result, evaluation, kind, seed)
         for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
             if catalog.vocabulary(vocab).is_file():
                 tracking.log_file_artifact(run.info.run_id, catalog.vocabulary(vocab), "vocabulary")
-        if kind in NEURAL:
-            example = pack_histories(_example_histories(splits["test"]))
-            model_uri, version = tracking.log_torch_model(
-                result["model"], example, kind, OUTPUT_IS_LOG_PROB[kind], _requirements()
-            )
-            results_json.update({"model_uri": model_uri, "registered_version": version})
-            write_json(results_json, run_dir / "results.json")
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)  # recorded: nothing left to resume
+        example = pack_histories(example_histories(splits["test"]))
+        model_uri, version = tracking.log_torch_model(
+            result["model"], example, kind, result["log_prob"], _requirements()
+        )
+        results_json.update({"model_uri": model_uri, "registered_version": version})
+        write_json(results_json, run_dir / "results.json")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
     logger.info(
-        "%s seed %d: test acc@1 %.2f mrr %.2f (best epoch %s)",
+        "%s seed %d: test place acc@1 %.2f place mrr %.2f new-place AUC %.1f (acc@1 %.2f mrr %.2f; best epoch %s)",
         kind,
         seed,
-        summary["test"]["acc@1"],
-        summary["test"]["mrr"],
+        evaluation.test["place_acc@1"],
+        evaluation.test["place_mrr"],
+        evaluation.test.get("new_place_auc", float("nan")),
+        evaluation.test["acc@1"],
+        evaluation.test["mrr"],
         result["best_epoch"],
     )
     return {"kind": kind, "seed": seed, "run_id": run.info.run_id, "results": results_json}
@@ -208,8 +230,8 @@ def _train_neural(
 def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
     baseline = BASELINES[kind](vocab["total_loc_num"]).fit(splits["train"])
     return {
-        "model": None,
-        "scorer": baseline.scores,
+        "model": BaselineModule(baseline),
+        "selection_model": None,
         "history": [],
         "best_epoch": None,
         "params": {},
@@ -219,47 +241,36 @@ def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
     }
 
 
-def _summarise(result: dict[str, Any], splits: dict[str, SampleTensors]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for split in ("val", "test"):
-        # validation metrics come from the model selected on validation; a refit model has seen val
-        model = (
-            result.get("selection_model")
-            if split == "val" and result.get("selection_model") is not None
-            else result["model"]
-        )
-        if model is not None:
-            acc = predict_scores(model, splits[split])
-        else:
-            _, acc = evaluate_scores(result["scorer"], splits[split], batch_size=512)
-        out[split] = acc.compute()
-        if split == "test":
-            out["per_user"] = acc.per_user(splits["test"].user_id_np)
-    out["target_in_history"] = float(100 * splits["test"].target_in_history().mean())
-    flat = {f"test_{k}": v for k, v in out["test"].items() if k != "n"}
-    flat.update({f"best_val_{k}": v for k, v in out["val"].items() if k != "n"})
-    flat["test_target_in_history"] = out["target_in_history"]
+def _flat_metrics(result: dict[str, Any], evaluation: Evaluation) -> dict[str, float]:
+    """Everything logged once per run: ``test_*``, ``best_val_*`` (the model chosen on validation), timing."""
+    flat = {f"test_{k}": v for k, v in evaluation.test.items() if k != "n"}
+    flat.update({f"best_val_{k}": v for k, v in evaluation.val.items() if k != "n"})
+    flat["test_target_in_history"] = evaluation.target_in_history
     if result["best_epoch"] is not None:
         flat["best_epoch"] = float(result["best_epoch"])
         flat["best_val_loss"] = min(r["val_loss"] for r in result["history"])
     flat.update({k: float(v) for k, v in result["timing"].items()})
     flat["n_params"] = float(result["n_params"])
-    out["flat_metrics"] = flat
-    return out
+    return {k: v for k, v in flat.items() if v == v}  # NaN (e.g. an undefined AUC) is not logged
 
 
-def _log_artifacts(run_id: str, run_dir: Path, result, summary, kind: str, seed: int) -> None:
+def _log_artifacts(run_id: str, run_dir: Path, result, evaluation: Evaluation, kind: str, seed: int) -> None:
     if result["history"]:
         plot_training_curves(result["history"], run_dir / "training_curves.png", title=f"{kind} seed {seed}")
         tracking.log_file_artifact(run_id, run_dir / "training_curves.png")
     plot_per_user(
-        summary["per_user"],
+        evaluation.per_user,
         run_dir / "per_user_accuracy.png",
-        title=f"{kind} seed {seed}: test Acc@1 per user",
+        title=f"{kind} seed {seed}: test place Acc@1 per user",
     )
-    tracking.log_file_artifact(run_id, run_dir / "per_user_accuracy.png")
-    tracking.log_file_artifact(run_id, run_dir / "results.json")
-    tracking.log_file_artifact(run_id, run_dir / "per_user.csv")
+    for name in (
+        "per_user_accuracy.png",
+        "results.json",
+        "per_user.csv",
+        "new_place_head.json",
+        "test_per_sample.parquet",
+    ):
+        tracking.log_file_artifact(run_id, run_dir / name)
 
 
 def _dataset(data: DataRef):
@@ -270,25 +281,6 @@ def _dataset(data: DataRef):
     local = next(s for s in get_registered_sources() if s._get_source_type() == "local")
     source = local(str(Path(data.samples["train"].path).parent.resolve()))
     return MetaDataset(source=source, name="geolife-samples", digest=data.fingerprint[:32])
-
-
-def _example_histories(data: SampleTensors, n: int = 2) -> list[dict[str, Any]]:
-    """The first test samples as packed-history dicts (the model's input example)."""
-    out = []
-    for i in range(min(n, len(data))):
-        length = int(data.lengths_np[i])
-        batch = data.batch(torch.tensor([i], device=data.device))
-        out.append(
-            {
-                "location": batch.loc[0, :length].tolist(),
-                "start_min": (batch.time[0, :length] * 15).tolist(),
-                "weekday": batch.weekday[0, :length].tolist(),
-                "duration_min": (batch.duration[0, :length] * 30).tolist(),
-                "diff_days": batch.diff[0, :length].tolist(),
-                "user": int(data.user_np[i]),
-            }
-        )
-    return out
 
 
 def _requirements() -> list[str]:

@@ -20,16 +20,27 @@ MODEL_REGISTRY: dict[str, tuple[type, type[nn.Module]]] = {
     "mhsa": (MHSAConfig, MHSA),
     "pointer": (PointerConfig, PointerGenerator),
     "pointer_plus": (PointerConfig, PointerGenerator),
+    "pointer_plus_refit": (PointerConfig, PointerGenerator),
     "lstm": (LSTMConfig, LSTMModel),
 }
 
 # Defaults that differ from the config dataclass's reference values, per kind. ``pointer`` is the reference
 # Pointer V45; ``pointer_plus`` is nextloc's improved variant (causal encoder; trained with the
-# ``pointer_plus`` recipe, see :mod:`nextloc.train`).
-MODEL_PRESETS: dict[str, dict[str, Any]] = {"pointer_plus": {"causal": True}}
+# ``pointer_plus`` recipe, see :mod:`nextloc.train`); ``pointer_plus_refit`` is the same network refit on
+# train + val (its own row, outside the reference data budget).
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "pointer_plus": {"causal": True},
+    "pointer_plus_refit": {"causal": True},
+}
 
 # Whether ``forward`` returns log-probabilities (True) or unnormalised logits (False).
-OUTPUT_IS_LOG_PROB: dict[str, bool] = {"mhsa": False, "pointer": True, "pointer_plus": True, "lstm": False}
+OUTPUT_IS_LOG_PROB: dict[str, bool] = {
+    "mhsa": False,
+    "pointer": True,
+    "pointer_plus": True,
+    "pointer_plus_refit": True,
+    "lstm": False,
+}
 
 
 def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides: Any) -> nn.Module:

@@ -44,7 +44,13 @@ def test_results_files(trained):
             res = json.loads((data_dir / "results" / kind / f"seed{seed}" / "results.json").read_text())
             for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n_test", "n_params"):
                 assert key in res
+            for key in ("place_acc@1", "place_mrr", "place_f1", "new_place_rate", "new_place_auc"):
+                assert key in res
             assert 0 <= res["acc@1"] <= res["acc@5"] <= res["acc@10"] <= 100
+            assert 0 <= res["place_acc@1"] <= res["place_acc@5"] <= res["place_acc@10"] <= 100
+            assert 0 <= res["new_place_brier"] <= 1
+            head = json.loads((data_dir / "results" / kind / f"seed{seed}" / "new_place_head.json").read_text())
+            assert len(head["coef"]) == len(head["features"])
     assert set(result["leaderboard"]) == {"markov", "mhsa", "pointer_plus"}
 
 
@@ -67,18 +73,30 @@ def test_mlflow_runs_params_metrics_models(trained):
     assert "model.d_model" in pointer.data.params
     for key in ("test_acc_at_1", "test_mrr", "best_val_acc_at_1", "best_epoch", "n_params"):
         assert key in pointer.data.metrics
+    for key in ("test_place_acc_at_1", "test_place_mrr", "test_new_place_brier", "best_val_place_mrr"):
+        assert key in pointer.data.metrics
     history = client.get_metric_history(pointer.info.run_id, "val_loss")
     assert [m.step for m in history] == [1, 2]
     artifacts = {a.path for a in client.list_artifacts(pointer.info.run_id)}
-    assert {"training_curves.png", "per_user_accuracy.png", "results.json"} <= artifacts
+    assert {"training_curves.png", "per_user_accuracy.png", "results.json", "new_place_head.json"} <= artifacts
+    assert "test_per_sample.parquet" in artifacts
     assert pointer.inputs.dataset_inputs, "dataset lineage (log_input) is missing"
-    for kind in ("mhsa", "pointer_plus"):
+    parent_metrics = parent[0].data.metrics
+    assert "pointer_plus.test_place_acc_at_1_mean" in parent_metrics
+    assert "markov.test_acc_at_1_std" in parent_metrics
+    # every kind is registered, baselines too; with no champion yet, the seed best on validation place MRR
+    for kind in ("markov", "mhsa", "pointer_plus"):
         name = tracking.registered_name(kind)
         versions = client.search_model_versions(f"name='{name}'")
         assert len(versions) == 2
         champion = client.get_model_version_by_alias(name, "champion")
-        scores = {v.version: client.get_run(v.run_id).data.metrics["best_val_acc_at_1"] for v in versions}
-        assert scores[champion.version] == max(scores.values())
+        scores = {
+            v.version: (client.get_run(v.run_id).data.metrics["best_val_place_mrr"], -int(v.version))
+            for v in versions
+        }
+        assert champion.version == max(scores, key=scores.get)
+        assert result["promotion"][kind]["reason"] == "no champion yet"
+        assert "champion_decision" in client.get_model_version(name, champion.version).tags
 
 
 def test_rerun_reuses_cached_training(trained):
@@ -113,18 +131,21 @@ def test_predict_round_trip(trained, tmp_path):
     ]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True)
     predictions = json.loads(out.stdout)
-    assert all(len(p) == 3 for p in predictions)
-    assert all(abs(sum(x["probability"] for x in p)) <= 1.0 + 1e-6 for p in predictions)
+    assert all(len(p["places"]) == 3 for p in predictions)
+    assert all(abs(sum(x["probability"] for x in p["places"])) <= 1.0 + 1e-6 for p in predictions)
+    assert all(x["location_id"] >= 2 for p in predictions for x in p["places"])  # never pad or "unseen"
+    assert all(0 < p["p_new_place"] < 1 for p in predictions)
 
     from tasks.evaluate import evaluate_registered
 
     metrics = evaluate_registered("pointer_plus", "champion", data_dir, "test", uri, "test")
-    top1 = [p[0]["location_id"] for p in predictions]
+    top1 = [p["places"][0]["location_id"] for p in predictions]
     import pyarrow.parquet as pq
 
     targets = pq.read_table(samples).column("target_loc").to_pylist()
     acc = 100 * sum(int(a == b) for a, b in zip(top1, targets, strict=True)) / len(targets)
-    assert acc == pytest.approx(metrics["acc@1"], abs=1e-6)
+    assert acc == pytest.approx(metrics["place_acc@1"], abs=1e-6)
+    assert "new_place_auc" in metrics
 
     history = {
         "location": [5, 7, 5],
@@ -138,7 +159,7 @@ def test_predict_round_trip(trained, tmp_path):
     cmd[cmd.index(str(samples))] = str(tmp_path / "h.json")
     single = json.loads(subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout)
     assert len(single) == 1
-    assert len(single[0]) == 3
+    assert len(single[0]["places"]) == 3
 
 
 def test_changed_model_parameter_retrains_only_that_model(trained):

@@ -258,12 +258,12 @@ def test_resuming_a_finished_run_trains_nothing(data, tmp_path):
 
 
 def test_fit_model_resumes_a_crash_inside_the_refit(data, tmp_path, monkeypatch):
-    """pointer_plus: selection finished, refit killed after its first epoch; the rerun matches both runs."""
+    """pointer_plus_refit: selection finished, refit killed after its first epoch; the rerun matches both."""
     train, val = data
-    config = TrainConfig.for_recipe("pointer_plus", max_epochs=4, batch_size=32)
+    config = TrainConfig.for_recipe("pointer_plus_refit", max_epochs=4, batch_size=32)
 
     def build():
-        return _build("pointer_plus")
+        return _build("pointer_plus_refit")
 
     want_selection, want_refit = fit_model(build, train, val, config, log_prob_output=True)
     assert want_refit is not None

@@ -22,6 +22,7 @@ from nextloc.vocabulary import (
     location_mapping,
     location_vocabulary,
     translate_samples,
+    user_data_groups,
     user_vocabulary,
 )
 
@@ -118,8 +119,20 @@ def encoded() -> pd.DataFrame:
             "location_id": [4, 3, 4, 2, 2, 1, 4],
             "raw_location_id": [30, 20, 30, 10, 10, 40, 30],
             "split": ["train", "train", "train", "train", "val", "test", "test"],
+            "started_at": pd.to_datetime(
+                [
+                    "2008-10-01 08:00",
+                    "2008-10-01 18:00",
+                    "2008-10-02 09:00",
+                    "2008-10-02 13:00",
+                    "2008-12-01 09:00",
+                    "2009-01-05 08:00",
+                    "2009-01-05 19:00",
+                ],
+                utc=True,
+            ),
         }
-    )
+    ).assign(finished_at=lambda f: f["started_at"] + pd.Timedelta(hours=2))
 
 
 class TestVocabularies:
@@ -147,8 +160,21 @@ class TestVocabularies:
     def test_user_vocabulary(self, encoded):
         vocab = user_vocabulary(encoded)
         assert list(vocab.columns) == USER_COLUMNS
-        assert vocab.to_dict("list") == {"user_index": [1, 2], "user_id": [7, 9]}
+        assert vocab[["user_index", "user_id"]].to_dict("list") == {"user_index": [1, 2], "user_id": [7, 9]}
         assert vocab.index.tolist() == [0, 1]
+        assert vocab["data_fingerprint"].str.fullmatch("[0-9a-f]{16}").all()
+        assert vocab["data_fingerprint"].nunique() == 2
+
+    def test_user_fingerprint_changes_with_the_users_own_staypoints_only(self, encoded):
+        before = user_vocabulary(encoded)
+        later = encoded.copy()
+        row = later.index[later["user_id"] == 7][0]
+        later.loc[row, "finished_at"] = later.loc[row, "finished_at"] + pd.Timedelta(minutes=5)
+        later["location_id"] = later["location_id"][::-1].to_numpy()  # ids moved: not the user's data
+        after = user_vocabulary(later)
+        assert user_data_groups(after, before) == {7: "changed", 9: "unchanged"}
+        assert user_data_groups(after, before[before["user_id"] == 9]) == {7: "new_user", 9: "unchanged"}
+        assert user_data_groups(after, before[["user_index", "user_id"]]) == {7: "unknown", 9: "unknown"}
 
 
 # --------------------------------------------------------------------------- #

@@ -1,0 +1,192 @@
+"""P(new place): how likely the next place is one the model has never seen, as an explicit probability.
+
+A place model answers "which known place next"; a user also needs "how likely is somewhere new". In the
+reference encoding a target of ``1`` is a location absent from the train split, so "new" is exactly
+``target == 1``. Place models are not taught to emit ``1`` (the train split has no such target by
+construction, and place metrics never credit it); instead a small binary head turns what the model and the
+history say into a calibrated probability:
+
+* from the model's scores: the probability it puts on the unseen token (its own, uncalibrated, notion of
+  "new"), the entropy of its distribution over places (normalised to ``[0, 1]``), its top place probability,
+  and the place mass it puts on places of the history (a routine day is a copy of the history);
+* from the history: the share of its visits that were already new (``1``), whether the last one was, the
+  share of distinct places and the log of its length.
+
+The head is a logistic regression over those standardised features. Because the train split has no new
+target, the only data with the real label before test is the validation split: the head is fit there (nine
+coefficients: the validation split's role in the reference protocol is exactly such choices) and scored
+once on test. Every model kind gets one, baselines included; the head of a model is stored with it as plain
+numbers (:meth:`NewPlaceHead.to_dict`), nothing pickled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression
+
+from nextloc.data import Batch
+from nextloc.sequences import FIRST_PLACE, PAD, UNSEEN
+
+FEATURES = (
+    "model_p_unseen",
+    "model_place_entropy",
+    "model_top_place_p",
+    "model_history_place_mass",
+    "history_unseen_share",
+    "history_last_unseen",
+    "history_distinct_share",
+    "history_log_length",
+)
+
+
+def novelty_features(scores: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The head's inputs, :data:`FEATURES`, for one batch.
+
+    Args:
+        scores: ``(B, V)`` the model's scores over the whole vocabulary (logits or log-probabilities: both
+            are turned into probabilities with a softmax).
+        batch: the batch the scores are for.
+
+    Returns:
+        ``(B, len(FEATURES))`` float32 on the scores' device.
+    """
+    probs = torch.softmax(scores.float(), dim=-1)  # (B, V)
+    p_unseen = probs[:, UNSEEN]  # (B,)
+    places = probs[:, FIRST_PLACE:]
+    places = places / places.sum(dim=-1, keepdim=True).clamp(min=1e-12)  # (B, V - 2)
+    entropy = -(places * places.clamp(min=1e-12).log()).sum(dim=-1) / math.log(max(places.shape[1], 2))
+    top = places.max(dim=-1).values if places.shape[1] else torch.zeros_like(p_unseen)
+
+    loc = batch.loc.to(scores.device)
+    valid = loc != PAD  # (B, T)
+    in_history = torch.zeros_like(probs, dtype=torch.bool).scatter(1, loc, valid)  # (B, V); padding -> col 0
+    in_history[:, :FIRST_PLACE] = False
+    history_mass = (probs * in_history).sum(dim=-1) / probs[:, FIRST_PLACE:].sum(dim=-1).clamp(min=1e-12)
+
+    length = valid.sum(dim=-1).clamp(min=1).float()  # (B,)
+    unseen_share = ((loc == UNSEEN) & valid).sum(dim=-1) / length
+    last = loc.gather(1, (length.long() - 1).unsqueeze(1)).squeeze(1)
+    distinct = torch.zeros_like(probs, dtype=torch.bool).scatter(1, loc, valid)[:, 1:].sum(dim=-1) / length
+    return torch.stack(
+        [
+            p_unseen,
+            entropy,
+            top,
+            history_mass,
+            unseen_share,
+            (last == UNSEEN).float(),
+            distinct,
+            length.log(),
+        ],
+        dim=-1,
+    ).float()
+
+
+@dataclass(frozen=True)
+class NewPlaceHead:
+    """A logistic regression ``P(new) = sigmoid(intercept + coef . (x - mean) / scale)`` over :data:`FEATURES`.
+
+    Build it with :meth:`fit`; store it with :meth:`to_dict` / :meth:`from_dict` (plain numbers).
+
+    Examples:
+        >>> head = NewPlaceHead.constant(0.25)
+        >>> head.predict(np.zeros((2, len(FEATURES)))).round(2).tolist()
+        [0.25, 0.25]
+    """
+
+    features: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[float, ...]
+    intercept: float
+    n_fit: int = 0
+    rate_fit: float = float("nan")
+
+    @classmethod
+    def fit(cls, features: np.ndarray, is_new: np.ndarray, c: float = 1.0) -> NewPlaceHead:
+        """Fit on ``features`` ``(N, F)`` against the outcome ``is_new`` ``(N,)`` (L2, ``C = c``, deterministic).
+
+        With a single outcome (no new place, or only new places) there is nothing to separate: the head
+        returns the observed rate (clipped into ``[1e-3, 1 - 1e-3]``) for every sample.
+        """
+        x = np.asarray(features, dtype=np.float64)
+        y = np.asarray(is_new, dtype=bool)
+        if x.ndim != 2 or x.shape[1] != len(FEATURES) or len(x) != len(y):
+            raise ValueError(f"features must be (N, {len(FEATURES)}) with one outcome per row, got {x.shape}")
+        if len(y) == 0:
+            raise ValueError("no sample to fit the new-place head on")
+        rate = float(y.mean())
+        if y.all() or not y.any():
+            return cls.constant(rate, n_fit=len(y))
+        mean = x.mean(axis=0)
+        scale = x.std(axis=0)
+        scale = np.where(scale > 1e-12, scale, 1.0)
+        model = LogisticRegression(C=c, max_iter=1000).fit((x - mean) / scale, y)
+        return cls(
+            features=FEATURES,
+            mean=tuple(float(v) for v in mean),
+            scale=tuple(float(v) for v in scale),
+            coef=tuple(float(v) for v in model.coef_[0]),
+            intercept=float(model.intercept_[0]),
+            n_fit=len(y),
+            rate_fit=rate,
+        )
+
+    @classmethod
+    def constant(cls, rate: float, n_fit: int = 0) -> NewPlaceHead:
+        """A head that answers ``rate`` for every sample (clipped into ``[1e-3, 1 - 1e-3]``)."""
+        rate_c = min(max(rate, 1e-3), 1 - 1e-3)
+        zeros = tuple(0.0 for _ in FEATURES)
+        return cls(
+            FEATURES, zeros, tuple(1.0 for _ in FEATURES), zeros, math.log(rate_c / (1 - rate_c)), n_fit, rate
+        )
+
+    def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
+        """``(N,)`` float64 probabilities that the next place is new."""
+        if isinstance(features, torch.Tensor):
+            features = features.detach().cpu().numpy()
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != len(self.features):
+            raise ValueError(f"features must be (N, {len(self.features)}), got {x.shape}")
+        z = self.intercept + ((x - np.asarray(self.mean)) / np.asarray(self.scale)) @ np.asarray(self.coef)
+        return 1.0 / (1.0 + np.exp(-z))
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able numbers."""
+        return {
+            "features": list(self.features),
+            "mean": list(self.mean),
+            "scale": list(self.scale),
+            "coef": list(self.coef),
+            "intercept": self.intercept,
+            "n_fit": self.n_fit,
+            "rate_fit": self.rate_fit,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> NewPlaceHead:
+        """The inverse of :meth:`to_dict`; refuses a head built for other features."""
+        features = tuple(data["features"])
+        if features != FEATURES:
+            raise ValueError(f"new-place head built for features {list(features)}, expected {list(FEATURES)}")
+        return cls(
+            features=features,
+            mean=_floats(data["mean"]),
+            scale=_floats(data["scale"]),
+            coef=_floats(data["coef"]),
+            intercept=float(data["intercept"]),
+            n_fit=int(data.get("n_fit", 0)),
+            rate_fit=float(data.get("rate_fit", float("nan"))),
+        )
+
+
+def _floats(values: Sequence[float]) -> tuple[float, ...]:
+    out = tuple(float(v) for v in values)
+    if len(out) != len(FEATURES):
+        raise ValueError(f"expected {len(FEATURES)} values, got {len(out)}")
+    return out
