@@ -146,7 +146,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default="markov,mhsa,pointer_plus",
-        help="comma list of: mhsa, pointer (reference V45), pointer_plus (nextloc), pointer_plus_refit "
+        help="comma list of: mhsa, mhsa_diagonal (ablation), pointer (reference V45), pointer_plus (nextloc), pointer_plus_refit "
         "(refit on train + val, its own row), lstm, markov, most_frequent, last_location",
     )
     parser.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")

@@ -108,7 +108,7 @@ class TrainConfig:
     @classmethod
     def for_recipe(cls, recipe: str, **overrides: Any) -> TrainConfig:
         """The recipe of a model kind (``mhsa``/``lstm``, ``pointer``, ``pointer_plus[_refit]``) with overrides."""
-        if recipe in ("mhsa", "lstm"):
+        if recipe in ("mhsa", "mhsa_diagonal", "lstm"):
             base = cls(recipe="mhsa")
         elif recipe in ("pointer", "pointer_plus", "pointer_plus_refit"):
             base = cls(

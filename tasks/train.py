@@ -28,7 +28,7 @@ from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.catalog import Catalog
 from tasks.plots import plot_per_user, plot_training_curves
 
-NEURAL = ("mhsa", "pointer", "pointer_plus", "pointer_plus_refit", "lstm")
+NEURAL = ("mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "pointer_plus_refit", "lstm")
 MODEL_KINDS = (*NEURAL, *BASELINES)
 ModelKind = Literal[
     "mhsa",

@@ -18,17 +18,20 @@ from nextloc.models.pointer import PointerConfig, PointerGenerator
 
 MODEL_REGISTRY: dict[str, tuple[type, type[nn.Module]]] = {
     "mhsa": (MHSAConfig, MHSA),
+    "mhsa_diagonal": (MHSAConfig, MHSA),
     "pointer": (PointerConfig, PointerGenerator),
     "pointer_plus": (PointerConfig, PointerGenerator),
     "pointer_plus_refit": (PointerConfig, PointerGenerator),
     "lstm": (LSTMConfig, LSTMModel),
 }
 
-# Defaults that differ from the config dataclass's reference values, per kind. ``pointer`` is the reference
-# Pointer V45; ``pointer_plus`` is nextloc's improved variant (causal encoder; trained with the
+# Defaults that differ from the config dataclass's reference values, per kind. ``mhsa_diagonal`` is the
+# reference MHSA with the diagonal-masked self-attention ablation (its own row, trained as ``mhsa``).
+# ``pointer`` is the reference Pointer V45; ``pointer_plus`` is nextloc's improved variant (causal encoder; trained with the
 # ``pointer_plus`` recipe, see :mod:`nextloc.train`); ``pointer_plus_refit`` is the same network refit on
 # train + val (its own row, outside the reference data budget).
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "mhsa_diagonal": {"diagonal_mask": True},
     "pointer_plus": {"causal": True},
     "pointer_plus_refit": {"causal": True},
 }
@@ -36,6 +39,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 # Whether ``forward`` returns log-probabilities (True) or unnormalised logits (False).
 OUTPUT_IS_LOG_PROB: dict[str, bool] = {
     "mhsa": False,
+    "mhsa_diagonal": False,
     "pointer": True,
     "pointer_plus": True,
     "pointer_plus_refit": True,
