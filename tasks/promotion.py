@@ -155,7 +155,7 @@ def _score_champion(
             radius_m,
         )
         how = {
-            "champion_scored_on": f"the test split read in its ids (locations matched within {radius_m:g} m)",
+            "champion_scored_on": f"the test split translated into its ids (locations matched within {radius_m:g} m)",
             **{f"translation.{k}": round(v, 2) for k, v in stats.items()},
         }
         groups_by_user = user_data_groups(users_now, users_then)

@@ -138,8 +138,17 @@ def test_champion_moves_only_if_the_challenger_is_better(world, retrained):
     assert first["promotion"]["mhsa"]["reason"] == "no champion yet"
     decision = retrained["promotion"]["mhsa"]
     assert {"challenger_score", "champion_score", "champion_version", "challenger_version"} <= set(decision)
-    assert decision["promoted"] == (decision["challenger_score"] > decision["champion_score"])
+    # the one champion rule: a place metric, a paired bootstrap over the test samples and a minimum effect
+    assert decision["metric"] == "test place_mrr"
+    assert decision["delta"] == pytest.approx(decision["challenger_score"] - decision["champion_score"])
+    assert 0 < decision["p_value"] <= 1
+    assert decision["promoted"] == (
+        decision["delta"] >= decision["min_effect"] and decision["p_value"] < decision["alpha"]
+    )
     assert "translated into its ids" in decision["champion_scored_on"]  # the data changed under it
+    # user 073 got new days: its test samples are the "changed" group, the other users "unchanged"
+    assert decision["groups"]["changed"]["n"] > 0
+    assert set(decision["groups"]) <= {"changed", "unchanged", "new_user"}
     mlflow.set_tracking_uri(common["tracking_uri"])
     client = MlflowClient(common["tracking_uri"], common["tracking_uri"])
     champion = client.get_model_version_by_alias("nextloc-mhsa", "champion")
@@ -154,12 +163,13 @@ def test_champion_moves_only_if_the_challenger_is_better(world, retrained):
         "promoted" if decision["promoted"] else "kept"
     )
     metrics = parent.data.metrics
-    assert metrics["champion_challenger.mhsa.challenger_test_acc_at_1"] == pytest.approx(
+    assert metrics["champion_challenger.mhsa.challenger_test_place_mrr"] == pytest.approx(
         decision["challenger_score"]
     )
-    assert metrics["champion_challenger.mhsa.champion_test_acc_at_1"] == pytest.approx(
+    assert metrics["champion_challenger.mhsa.champion_test_place_mrr"] == pytest.approx(
         decision["champion_score"]
     )
+    assert metrics["champion_challenger.mhsa.p_value"] == pytest.approx(decision["p_value"])
 
 
 def test_nothing_new_is_a_noop(world, retrained):
