@@ -56,8 +56,7 @@ def train(
     """Train, evaluate (best checkpoint) and register each model; decide each kind's champion.
 
     One MLflow parent run per flow run, one child run per model and seed. Each kind's champion is decided by
-    the one champion rule (:mod:`tasks.promotion`), unless ``promote=False`` (the caller decides then). Each
-    (model, seed) task is
+    the one champion rule (:mod:`tasks.promotion`), unless ``promote=False``. Each (model, seed) task is
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=ProcessPoolTaskRunner(max_workers=n))`` runs ``n`` at once;
     separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
@@ -106,7 +105,6 @@ def train(
             results = [futures[i].result() if i in futures else value for i, (_, value) in enumerate(cached)]
             logger.info("trainings: %d cached, %d run", len(calls) - len(futures), len(futures))
             board = leaderboard([(r["kind"], r["results"]) for r in results])
-            tracking.log_leaderboard(parent_id, board, results)
             decisions = {}
             if promote:
                 decisions = {
@@ -123,6 +121,7 @@ def train(
                     )
                     for kind in dict.fromkeys(models)
                 }
+            tracking.log_leaderboard(parent_id, board, results, decisions)
         logger.info(
             "leaderboard (test %s): %s",
             HEADLINE,

@@ -148,10 +148,15 @@ def parent_run(experiment_id: str, name: str, tags: dict[str, str], params: dict
     client.set_terminated(run_id, "FINISHED")
 
 
-def log_leaderboard(parent_run_id: str, board: dict[str, Any], runs: list[dict[str, Any]]) -> None:
-    """The leaderboard on the parent run: ``leaderboard.json`` and, per model kind, the mean and standard
-    deviation over seeds of every test metric (``<kind>.test_<metric>_mean`` / ``_std``)."""
-    log_dict_artifact(parent_run_id, {"leaderboard": board, "runs": runs}, "leaderboard.json")
+def log_leaderboard(
+    parent_run_id: str, board: dict[str, Any], runs: list[dict[str, Any]], promotion: dict[str, Any]
+) -> None:
+    """The leaderboard on the parent run: ``leaderboard.json`` (with the runs and the champion decisions) and,
+    per model kind, the mean and standard deviation over seeds of every test metric
+    (``<kind>.test_<metric>_mean`` / ``_std``)."""
+    log_dict_artifact(
+        parent_run_id, {"leaderboard": board, "promotion": promotion, "runs": runs}, "leaderboard.json"
+    )
     metrics = []
     now = int(time.time() * 1000)
     for kind, row in board.items():
