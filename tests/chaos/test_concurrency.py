@@ -44,6 +44,7 @@ def _args(sample_dir: Path) -> list[str]:
 def _env(project: Path, name: str) -> dict[str, str]:
     env = {**os.environ, "PREFECT_HOME": str(project / f".prefect-{name}")}
     env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)  # mlflow.set_tracking_uri in an earlier test exports it
     return env
 
 

@@ -46,6 +46,7 @@ RESULT_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n_test", "n_
 def _env(project: Path) -> dict[str, str]:
     env = {**os.environ, "PREFECT_HOME": str(project / ".prefect")}
     env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)  # mlflow.set_tracking_uri in an earlier test exports it
     return env
 
 
