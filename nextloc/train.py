@@ -59,6 +59,7 @@ from torch import nn
 
 from nextloc.data import SampleTensors
 from nextloc.metrics import MetricAccumulator
+from nextloc.models.ensemble import SeedEnsemble
 from nextloc.storage import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -468,6 +469,54 @@ def fit_model(
         resume_path=checkpoint_dir / REFIT_CHECKPOINT if checkpoint_dir is not None else None,
     )
     return selection, refit
+
+
+def fit_seed_ensemble(
+    build: Callable[[int], nn.Module],
+    train: SampleTensors,
+    val: SampleTensors,
+    config: TrainConfig,
+    size: int,
+    *,
+    log_prob_output: bool,
+    log_metrics: LogMetrics | None = None,
+    checkpoint_dir: Path | None = None,
+) -> tuple[SeedEnsemble, list[FitResult]]:
+    """Train ``size`` members with seeds ``config.seed * size + m`` (each fit on train, its epoch chosen on
+    validation, exactly as a single model of that seed) and average them into a :class:`SeedEnsemble`.
+
+    Args:
+        build: ``build(seed)`` returns a freshly initialised member model seeded with ``seed``.
+        train: training samples.
+        val: validation samples.
+        config: the members' recipe (``refit_on_train_val`` is not allowed: members stay on train).
+        size: number of members.
+        log_prob_output: whether the members return log-probabilities.
+        log_metrics: per-epoch callback of the first member.
+        checkpoint_dir: if given, member ``m`` resumes from / writes ``<dir>/member<m>/`` (see :func:`fit_model`).
+
+    Returns:
+        ``(ensemble, members)``: the ensemble (log-probability output) and each member's :class:`FitResult`.
+    """
+    if size < 1:
+        raise ValueError(f"ensemble size {size} must be >= 1")
+    if config.refit_on_train_val:
+        raise ValueError("ensemble members are fit on train only (refit_on_train_val must be False)")
+    members = []
+    for m in range(size):
+        seed = config.seed * size + m
+        logger.info("ensemble member %d/%d (seed %d)", m + 1, size, seed)
+        selection, _ = fit_model(
+            lambda seed=seed: build(seed),
+            train,
+            val,
+            replace(config, seed=seed),
+            log_prob_output=log_prob_output,
+            log_metrics=log_metrics if m == 0 else None,
+            checkpoint_dir=checkpoint_dir / f"member{m}" if checkpoint_dir is not None else None,
+        )
+        members.append(selection)
+    return SeedEnsemble([r.model for r in members], log_prob_output), members
 
 
 @torch.no_grad()

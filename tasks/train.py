@@ -18,17 +18,25 @@ from nextloc.baselines import BASELINES, BaselineModule
 from nextloc.data import SampleTensors
 from nextloc.evaluate import Evaluation, evaluate, example_histories, model_scores
 from nextloc.metrics import RESULT_KEYS
-from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
+from nextloc.models import ENSEMBLES, OUTPUT_IS_LOG_PROB, build_model, count_parameters
 from nextloc.sequences import SPLITS
 from nextloc.serving import pack_histories
 from nextloc.storage import write_json, write_parquet, write_with
-from nextloc.train import TrainConfig, fit_model, resolve_device
+from nextloc.train import TrainConfig, fit_model, fit_seed_ensemble, resolve_device
 from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.catalog import Catalog
 from tasks.plots import plot_per_user, plot_training_curves
 
-NEURAL = ("mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "pointer_plus_refit", "lstm")
+NEURAL = (
+    "mhsa",
+    "mhsa_diagonal",
+    "pointer",
+    "pointer_plus",
+    "pointer_plus_refit",
+    "pointer_plus_ensemble",
+    "lstm",
+)
 MODEL_KINDS = (*NEURAL, *BASELINES)
 ModelKind = Literal[MODEL_KINDS]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
 
@@ -174,44 +182,58 @@ def train_model_task(
 def _train_neural(
     kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev, checkpoint_dir: Path
 ) -> dict[str, Any]:
-    """Train a neural ``kind``, resuming from (and writing) ``checkpoint_dir`` (see ``fit_model``)."""
+    """Train a neural ``kind`` (a seed ensemble: its members), resuming from (and writing) ``checkpoint_dir``."""
+    member_kind, size = ENSEMBLES.get(kind, (kind, 0))
     overrides = dict(model_overrides)
-    if kind.startswith("pointer"):
+    if member_kind.startswith("pointer"):
         overrides.setdefault("max_seq_len", int(meta["max_hist_len"]) + 10)
 
-    def build() -> torch.nn.Module:
-        torch.manual_seed(seed)
-        return build_model(kind, vocab["total_loc_num"], vocab["total_user_num"], **overrides).to(dev)
+    def build(model_seed: int = seed) -> torch.nn.Module:
+        torch.manual_seed(model_seed)
+        return build_model(member_kind, vocab["total_loc_num"], vocab["total_user_num"], **overrides).to(dev)
 
-    cfg = TrainConfig.for_recipe(kind, seed=seed, **train_overrides)
-    selection, refit = fit_model(
-        build,
-        splits["train"],
-        splits["val"],
-        cfg,
-        log_prob_output=OUTPUT_IS_LOG_PROB[kind],
-        checkpoint_dir=checkpoint_dir,
-    )
-    final = refit or selection
-    model_cfg = getattr(final.model, "config", None)
-    params = {f"model.{k}": v for k, v in (asdict(model_cfg) if model_cfg is not None else {}).items()}
+    cfg = TrainConfig.for_recipe(member_kind, seed=seed, **train_overrides)
+    log_prob = OUTPUT_IS_LOG_PROB[member_kind]
+    if size:
+        model, members = fit_seed_ensemble(
+            build,
+            splits["train"],
+            splits["val"],
+            cfg,
+            size,
+            log_prob_output=log_prob,
+            checkpoint_dir=checkpoint_dir,
+        )
+        selection, refit, runs = members[0], None, members
+        params = {"ensemble.member_kind": member_kind, "ensemble.size": size}
+        params["ensemble.member_best_epochs"] = ",".join(str(r.best_epoch) for r in members)
+    else:
+        selection, refit = fit_model(
+            build,
+            splits["train"],
+            splits["val"],
+            cfg,
+            log_prob_output=log_prob,
+            checkpoint_dir=checkpoint_dir,
+        )
+        model, runs, params = (refit or selection).model, [selection, *([refit] if refit else [])], {}
+    model_cfg = getattr(selection.model, "config", None)
+    params.update({f"model.{k}": v for k, v in (asdict(model_cfg) if model_cfg is not None else {}).items()})
     params.update({f"train.{k}": v for k, v in asdict(cfg).items()})
     timing = {
-        "train_seconds": selection.train_seconds + (refit.train_seconds if refit else 0.0),
+        "train_seconds": sum(r.train_seconds for r in runs),
         "seconds_to_best": selection.seconds_to_best,
         "train_samples_per_s": selection.train_samples_per_s,
         # > 0 when a crashed attempt's checkpoint was resumed (the results are those of an uninterrupted run)
-        "resumed_from_epoch": float(
-            max(selection.resumed_from_epoch, refit.resumed_from_epoch if refit else 0)
-        ),
+        "resumed_from_epoch": float(max(r.resumed_from_epoch for r in runs)),
     }
     return {
-        "model": final.model,
+        "model": model,
         "selection_model": selection.model if refit else None,
         "history": selection.history,
         "best_epoch": selection.best_epoch,
         "params": params,
-        "n_params": count_parameters(final.model),
+        "n_params": count_parameters(model),
         "timing": timing,
         "log_prob": OUTPUT_IS_LOG_PROB[kind],
     }

@@ -21,10 +21,24 @@ Optional improvement (off by default, so the reference is unchanged):
   the scatter, a location's pointer mass is multiplied by ``(1 + count) ** beta`` (renormalised), so the
   model can learn to favour (``beta > 0``) or flatten (``beta < 0``) frequently visited places beyond the
   plain sum over repeated positions. One extra parameter.
+* ``mask_unknown_copy``: history positions holding the id 1 ("location unseen in train") cannot be copied
+  (their pointer score is masked like padding). Training histories hold no 1, so at inference the pointer
+  would otherwise copy an id whose embedding was never trained and that no place metric credits. When a
+  query has no copyable position at all, the gate is forced to 0 (the output is the generator's).
+  No parameter.
+* ``unknown_dropout``: "unknown-place" augmentation. In training mode only (``training_loss`` with
+  ``self.training``), each valid history position holding a known place (id >= 2) is replaced by 1 with
+  this probability, drawn from torch's global RNG (so runs stay reproducible and resumable); the model
+  learns what a 1 in its input means (validation and test histories hold 1s, training histories none).
+  The target is left unchanged. With ``unknown_dropout_by_location``, the draw is per (sample, location)
+  instead: every occurrence of a drawn location in the history becomes 1, and so does the target (and the
+  dense-loss next-location labels) when it is that location, which mimics places first visited after the
+  training period. No parameter; inference is unchanged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -64,6 +78,10 @@ class PointerConfig:
             location (pointer over the positions up to it), weighted by this factor; the main loss on the
             real target is unchanged. This multiplies the training signal by the history length at no
             extra encoder cost.
+        mask_unknown_copy: the pointer cannot copy history positions holding id 1 (see the module docstring).
+        unknown_dropout: training-time probability of replacing a known history location by 1.
+        unknown_dropout_by_location: draw ``unknown_dropout`` per distinct location of a sample (all its
+            occurrences, and a target equal to it, become 1) instead of per history position.
     """
 
     total_loc_num: int
@@ -77,6 +95,9 @@ class PointerConfig:
     use_frequency_bias: bool = False
     causal: bool = False
     dense_loss_weight: float = 0.0
+    mask_unknown_copy: bool = False
+    unknown_dropout: float = 0.0
+    unknown_dropout_by_location: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % 4:
@@ -89,6 +110,8 @@ class PointerConfig:
             raise ValueError(
                 "dense_loss_weight > 0 needs causal=True (earlier positions must not see later ones)"
             )
+        if not 0.0 <= self.unknown_dropout < 1.0:
+            raise ValueError(f"unknown_dropout={self.unknown_dropout} must be in [0, 1)")
 
 
 class PointerGenerator(nn.Module):
@@ -143,6 +166,9 @@ class PointerGenerator(nn.Module):
 
     def training_loss(self, batch: Batch, label_smoothing: float) -> torch.Tensor:
         """Cross-entropy on the target, plus (``dense_loss_weight``) next-location losses inside the history."""
+        labels = batch.loc
+        if self.training and self.config.unknown_dropout > 0:
+            batch, labels = self._unknown_augment(batch)
         if not self.config.dense_loss_weight:
             return F.cross_entropy(self(batch), batch.target, ignore_index=0, label_smoothing=label_smoothing)
         hidden, valid, _ = self._encode(batch)
@@ -163,7 +189,7 @@ class PointerGenerator(nn.Module):
             log_probs[rows, last], batch.target, ignore_index=0, label_smoothing=label_smoothing
         )
         next_loc = torch.zeros_like(batch.loc)
-        next_loc[:, :-1] = batch.loc[:, 1:] * valid[:, 1:]  # 0 (ignored) past the history
+        next_loc[:, :-1] = labels[:, 1:] * valid[:, 1:]  # 0 (ignored) past the history
         aux = (
             F.cross_entropy(
                 log_probs[:, :-1].reshape(-1, log_probs.shape[-1]),
@@ -175,6 +201,22 @@ class PointerGenerator(nn.Module):
             else main * 0
         )
         return main + self.config.dense_loss_weight * aux
+
+    def _unknown_augment(self, batch: Batch) -> tuple[Batch, torch.Tensor]:
+        """``unknown_dropout``: the batch with known history places replaced by 1, and the history labels
+        of the dense loss (the original locations, or the augmented ones with ``unknown_dropout_by_location``).
+        """
+        loc, p = batch.loc, self.config.unknown_dropout
+        known = loc >= 2  # (B, T); padding (0) and 1 are never touched
+        if self.config.unknown_dropout_by_location:
+            drawn = torch.rand(loc.shape[0], self.config.total_loc_num, device=loc.device) < p  # (B, V)
+            drawn[:, :2] = False
+            replace = drawn.gather(1, loc) & known  # (B, T)
+            target = torch.where(drawn.gather(1, batch.target.unsqueeze(1)).squeeze(1), 1, batch.target)
+            new_loc = loc.masked_fill(replace, 1)
+            return dataclasses.replace(batch, loc=new_loc, target=target), new_loc
+        replace = (torch.rand(loc.shape, device=loc.device) < p) & known  # (B, T)
+        return dataclasses.replace(batch, loc=loc.masked_fill(replace, 1)), loc
 
     def _encode(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Encoder states ``(B, T, d)``, the validity mask ``(B, T)`` and positions from the end ``(B, T)``."""
@@ -235,6 +277,10 @@ class PointerGenerator(nn.Module):
             )  # (B, P, T, T)
             counts = same.sum(dim=-1).float()  # (B, P, T)
             scores = scores + self.freq_bias_scale.float() * torch.log1p(counts)  # (B, P, T)
+        gate_mask = None
+        if self.config.mask_unknown_copy:
+            keys_allowed = keys_allowed & (loc != 1).unsqueeze(1)  # (B, P, T)
+            gate_mask = keys_allowed.any(dim=-1, keepdim=True)  # (B, P, 1): something left to copy
         scores = scores.masked_fill(~keys_allowed, torch.finfo(torch.float32).min)
         ptr_probs = torch.softmax(scores, dim=-1) * keys_allowed  # (B, P, T); exactly 0 where not allowed
         index = loc.unsqueeze(1).expand(-1, queries, -1)  # (B, P, T)
@@ -245,5 +291,7 @@ class PointerGenerator(nn.Module):
 
         gen_probs = torch.softmax(self.gen_head(context).float(), dim=-1)  # (B, P, V)
         gate = torch.sigmoid(self.ptr_gen_gate(context).float())  # (B, P, 1)
+        if gate_mask is not None:
+            gate = gate * gate_mask  # nothing copyable: the generator alone
         mixed = gate * ptr_dist + (1.0 - gate) * gen_probs  # (B, P, V)
         return torch.log(mixed + LOG_EPS)  # (B, P, V)

@@ -12,10 +12,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from nextloc.data import Batch
-from nextloc.models import MODEL_PRESETS, MODEL_REGISTRY, OUTPUT_IS_LOG_PROB, build_model, count_parameters
-from nextloc.models.embedding import MaskedEncoderLayer
+from nextloc.models import (
+    ENSEMBLES,
+    MODEL_PRESETS,
+    MODEL_REGISTRY,
+    OUTPUT_IS_LOG_PROB,
+    SeedEnsemble,
+    build_model,
+    count_parameters,
+)
+from nextloc.models.embedding import MaskedEncoderLayer, last_valid
 
-KINDS = ["mhsa", "pointer", "pointer_plus", "lstm"]
+KINDS = ["mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "pointer_plus_refit", "lstm"]
 V, U = 40, 6  # small vocabularies for the behavioural tests
 
 
@@ -100,8 +108,20 @@ def test_frequency_bias_is_off_by_default_and_adds_one_parameter():
 
 
 def test_registry_and_build_model_errors():
-    assert set(MODEL_REGISTRY) == set(KINDS) == set(OUTPUT_IS_LOG_PROB)
-    assert OUTPUT_IS_LOG_PROB == {"mhsa": False, "pointer": True, "pointer_plus": True, "lstm": False}
+    assert set(MODEL_REGISTRY) == set(KINDS)
+    assert set(OUTPUT_IS_LOG_PROB) == set(KINDS) | set(ENSEMBLES)
+    assert OUTPUT_IS_LOG_PROB == {
+        "mhsa": False,
+        "mhsa_diagonal": False,
+        "pointer": True,
+        "pointer_plus": True,
+        "pointer_plus_refit": True,
+        "pointer_plus_ensemble": True,
+        "lstm": False,
+    }
+    for member_kind, size in ENSEMBLES.values():
+        assert member_kind in MODEL_REGISTRY
+        assert size >= 2
     for config_cls, _ in MODEL_REGISTRY.values():
         assert dataclasses.is_dataclass(config_cls)
         assert config_cls.__dataclass_params__.frozen
@@ -152,6 +172,94 @@ def test_pointer_frequency_bias_starts_as_reference():
     assert missing == ["freq_bias_scale"]
     batch = make_batch([3, 9, 1])
     torch.testing.assert_close(biased(batch), reference(batch))
+
+
+def test_pointer_new_options_are_off_by_default_and_add_no_parameter():
+    config = build_model("pointer", 1187, 46).config
+    assert not config.mask_unknown_copy
+    assert config.unknown_dropout == 0.0
+    assert not config.unknown_dropout_by_location
+    for overrides in (
+        {"mask_unknown_copy": True},
+        {"unknown_dropout": 0.1, "unknown_dropout_by_location": True},
+    ):
+        assert count_parameters(build_model("pointer", 1187, 46, **overrides)) == 251_476
+    with pytest.raises(ValueError, match="unknown_dropout"):
+        build_model("pointer", V, U, unknown_dropout=1.0)
+
+
+@pytest.mark.parametrize("kind", ["pointer", "pointer_plus"])
+def test_pointer_mask_unknown_copy(kind):
+    """No pointer mass on id 1; histories without 1 are unchanged; an all-1 history falls back to the generator."""
+    reference = small(kind).eval()
+    masked = small(kind, mask_unknown_copy=True).eval()
+    masked.load_state_dict(reference.state_dict())
+    batch = make_batch([6, 9, 4], seed=2)
+    batch.loc[0, :3] = 1
+    batch.loc[2, :4] = 1  # nothing copyable
+    clean = dataclasses.replace(batch, loc=batch.loc.clone())
+    clean.loc[1, : clean.lengths[1]] = torch.arange(2, 11)  # no 1 at all
+    with torch.no_grad():
+        masked.ptr_gen_gate[2].bias.fill_(50.0)  # gate -> 1: everything copyable comes from the pointer
+        reference.ptr_gen_gate[2].bias.fill_(50.0)
+        p = masked(batch).exp()
+        assert torch.allclose(p.sum(-1), torch.ones(3), atol=1e-5)
+        assert p[:2, 1].max().item() < 1e-6
+        assert p[0, batch.loc[0, 3:6].unique()].sum().item() == pytest.approx(1.0, abs=1e-5)
+        gen = torch.softmax(masked.gen_head(last_valid(masked._encode(batch)[0], batch.lengths)), -1)
+        torch.testing.assert_close(p[2], gen[2], rtol=0, atol=1e-6)
+        torch.testing.assert_close(masked(clean)[1], reference(clean)[1])
+
+
+def test_pointer_unknown_dropout_position_mode():
+    model = small("pointer", unknown_dropout=0.5).train()
+    batch = make_batch([12, 7, 3, 12], seed=4)
+    batch.loc[batch.loc == 1] = 2
+    torch.manual_seed(0)
+    augmented, labels = model._unknown_augment(batch)
+    assert torch.equal(labels, batch.loc)
+    assert torch.equal(augmented.target, batch.target)
+    changed = augmented.loc != batch.loc
+    assert changed.any()
+    assert (augmented.loc[changed] == 1).all()
+    assert (batch.loc[changed] >= 2).all()  # padding never touched
+    torch.manual_seed(0)
+    again, _ = model._unknown_augment(batch)
+    assert torch.equal(again.loc, augmented.loc)  # seeded by the global RNG
+    # eval / forward never augment; training_loss does (and draws from the global RNG)
+    model.eval()
+    torch.manual_seed(1)
+    reference = model.training_loss(batch, 0.0)
+    torch.testing.assert_close(reference, F.cross_entropy(model(batch), batch.target, ignore_index=0))
+    model.train()
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    model.training_loss(batch, 0.0).backward()
+    assert not torch.equal(state, torch.get_rng_state())
+
+
+def test_pointer_unknown_dropout_by_location_replaces_whole_places_and_targets():
+    model = small(
+        "pointer_plus", unknown_dropout=0.5, unknown_dropout_by_location=True, dense_loss_weight=0.5
+    )
+    model.train()
+    batch = make_batch([12, 12, 12, 12, 5, 5, 5, 5], seed=5)
+    batch.loc[batch.loc == 1] = 2
+    batch.target = batch.loc[:, 0].clone()  # the target occurs in the history
+    torch.manual_seed(0)
+    augmented, labels = model._unknown_augment(batch)
+    assert torch.equal(labels, augmented.loc)
+    for row in range(8):
+        hist, new = batch.loc[row], augmented.loc[row]
+        for place in hist[hist >= 2].unique():
+            gone = new[hist == place]
+            assert (gone == 1).all() or (gone == place).all()  # all occurrences or none
+        assert augmented.target[row] == (1 if new[0] == 1 else batch.target[row])
+    assert (augmented.target == 1).any()
+    assert (augmented.target != 1).any()
+    loss = model.training_loss(batch, 0.03)
+    loss.backward()
+    assert torch.isfinite(loss)
 
 
 def test_pointer_rejects_histories_longer_than_max_seq_len():
@@ -375,12 +483,20 @@ def test_build_model_returns_registered_classes(kind):
 
 
 def test_pointer_plus_is_the_reference_network_with_causal_attention():
-    """Same parameters as Pointer V45; its encoder state at position t ignores later history items."""
+    """Same parameters as Pointer V45; its encoder state at position t ignores later history items. It never
+    copies the unseen token and is trained with unknown-place augmentation (both parameter-free)."""
     ref = build_model("pointer", 1187, 46, max_seq_len=64)
     plus = build_model("pointer_plus", 1187, 46, max_seq_len=64)
     assert count_parameters(ref) == count_parameters(plus) == 251_476
     assert plus.config.causal
+    assert plus.config.mask_unknown_copy
+    assert plus.config.unknown_dropout == 0.1
     assert not ref.config.causal
+    assert not ref.config.mask_unknown_copy
+    assert ref.config.unknown_dropout == 0.0
+    refit = build_model("pointer_plus_refit", 1187, 46, max_seq_len=64).config
+    assert refit.causal
+    assert not refit.mask_unknown_copy
     plus.eval()
     batch = make_batch([6, 6], seed=0)
     altered = dataclasses.replace(batch, loc=batch.loc.clone())
@@ -398,3 +514,22 @@ def test_pointer_dense_loss_requires_causal_and_trains():
     loss = model.training_loss(batch, label_smoothing=0.03)
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_seed_ensemble_averages_probabilities():
+    """Two pointers (log-probabilities) and two MHSAs (logits): the ensemble is log of the mean probability."""
+    batch = make_batch([4, 2], seed=3)
+    for kind in ("pointer", "mhsa"):
+        members = []
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            extra = {"max_seq_len": 16} if kind == "pointer" else {}
+            members.append(build_model(kind, V, U, **extra).eval())
+        log_prob = OUTPUT_IS_LOG_PROB[kind]
+        ensemble = SeedEnsemble(members, log_prob_output=log_prob).eval()
+        with torch.no_grad():
+            probs = [m(batch).exp() if log_prob else m(batch).softmax(-1) for m in members]
+            torch.testing.assert_close(ensemble(batch).exp(), (probs[0] + probs[1]) / 2)
+    assert count_parameters(ensemble) == 2 * count_parameters(members[0])
+    with pytest.raises(ValueError, match="at least one"):
+        SeedEnsemble([], log_prob_output=True)

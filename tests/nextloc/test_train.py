@@ -21,6 +21,7 @@ from nextloc.train import (
     _pointer_lr,
     fit,
     fit_model,
+    fit_seed_ensemble,
     predict_scores,
 )
 
@@ -338,3 +339,42 @@ def test_unusable_resume_file_is_ignored(damage, data, tmp_path, caplog):
     assert got.resumed_from_epoch == 0
     assert "training from scratch" in caplog.text
     _assert_identical(got, _reference("mhsa", data))
+
+
+def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_path):
+    """Seed 1 of a 2-member ensemble trains seeds 2 and 3, each exactly as a single model of that seed;
+    member checkpoints live in their own folders, and refit recipes are refused."""
+    train, val = data
+    config = TrainConfig.for_recipe("pointer_plus", max_epochs=2, batch_size=64, seed=1)
+    ensemble, members = fit_seed_ensemble(
+        lambda seed: _build("pointer_plus", seed),
+        train,
+        val,
+        config,
+        2,
+        log_prob_output=True,
+        checkpoint_dir=tmp_path,
+    )
+    assert len(ensemble.members) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["member0", "member1"]
+    for member, seed in zip(members, (2, 3), strict=True):
+        single, _ = fit_model(
+            lambda seed=seed: _build("pointer_plus", seed),
+            train,
+            val,
+            TrainConfig.for_recipe("pointer_plus", max_epochs=2, batch_size=64, seed=seed),
+            log_prob_output=True,
+        )
+        want = single.model.state_dict()
+        assert list(member.model.state_dict()) == list(want)
+        for name, got in member.model.state_dict().items():
+            torch.testing.assert_close(got, want[name], rtol=0, atol=0, msg=name)
+    with pytest.raises(ValueError, match="train only"):
+        fit_seed_ensemble(
+            lambda seed: _build("pointer_plus_refit", seed),
+            train,
+            val,
+            TrainConfig.for_recipe("pointer_plus_refit", max_epochs=2),
+            2,
+            log_prob_output=True,
+        )
