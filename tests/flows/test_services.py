@@ -117,6 +117,7 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
     }
     parent_tags = {t["key"]: t["value"] for t in parents[0]["data"]["tags"]}
     assert parent_tags["champion_challenger.mhsa.decision"] == "promoted"
+    assert parent_tags["champion_challenger.markov.decision"] == "promoted"  # baselines take part too
     assert parent_tags["ingest.rows_skipped"] == "0"
     champion = _get(f"{mlflow}/api/2.0/mlflow/registered-models/alias?name=nextloc-mhsa&alias=champion")
     assert champion["model_version"]["version"] == "1"
@@ -126,7 +127,13 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
         f"{api}/artifacts/filter", {"artifacts": {"key": {"any_": ["preprocess-train-summary"]}}}
     )
     assert artifacts, "no summary artifact"
-    assert f"{mlflow}/#/experiments/{exp_id}/runs/{parent_id}" in artifacts[0]["data"]
+    summary = artifacts[0]["data"]
+    assert f"{mlflow}/#/experiments/{exp_id}/runs/{parent_id}" in summary
+    # place metrics lead; the reference protocol's metrics follow
+    assert (
+        summary.index("Place metrics") < summary.index("P(new place)") < summary.index("Reference protocol")
+    )
+    assert "| place_acc@1 |" in summary
 
 
 def test_bad_parameter_is_rejected_before_any_work(services):

@@ -179,3 +179,14 @@ def test_changed_model_parameter_retrains_only_that_model(trained):
     old = {(r["kind"], r["seed"]): r["run_id"] for r in result["runs"]}
     new = {(r["kind"], r["seed"]): r["run_id"] for r in again["runs"]}
     assert {key for key in old if old[key] != new[key]} == {("mhsa", 0), ("mhsa", 1)}
+
+
+def test_compare_leads_with_place_metrics(trained):
+    """`nextloc compare` prints the place table first, then P(new place), then the reference metrics."""
+    _, uri, _, _ = trained
+    cmd = [sys.executable, "-m", "flows.cli", "compare", "--tracking-uri", uri, "--experiment", "test"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    place, new, reference = (out.index(t) for t in ("place metrics", "P(new place)", "reference protocol"))
+    assert place < new < reference
+    for kind in ("markov", "mhsa", "pointer_plus"):
+        assert kind in out
