@@ -49,7 +49,9 @@ def test_results_files(trained):
             assert 0 <= res["acc@1"] <= res["acc@5"] <= res["acc@10"] <= 100
             assert 0 <= res["place_acc@1"] <= res["place_acc@5"] <= res["place_acc@10"] <= 100
             assert 0 <= res["new_place_brier"] <= 1
-            head = json.loads((data_dir / "results" / kind / f"seed{seed}" / "new_place_head.json").read_text())
+            head = json.loads(
+                (data_dir / "results" / kind / f"seed{seed}" / "new_place_head.json").read_text()
+            )
             assert len(head["coef"]) == len(head["features"])
     assert set(result["leaderboard"]) == {"markov", "mhsa", "pointer_plus"}
 
@@ -78,7 +80,12 @@ def test_mlflow_runs_params_metrics_models(trained):
     history = client.get_metric_history(pointer.info.run_id, "val_loss")
     assert [m.step for m in history] == [1, 2]
     artifacts = {a.path for a in client.list_artifacts(pointer.info.run_id)}
-    assert {"training_curves.png", "per_user_accuracy.png", "results.json", "new_place_head.json"} <= artifacts
+    assert {
+        "training_curves.png",
+        "per_user_accuracy.png",
+        "results.json",
+        "new_place_head.json",
+    } <= artifacts
     assert "test_per_sample.parquet" in artifacts
     assert pointer.inputs.dataset_inputs, "dataset lineage (log_input) is missing"
     parent_metrics = parent[0].data.metrics
