@@ -74,6 +74,23 @@ def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides:
     return model_cls(config)
 
 
+def model_from_config(kind: str, config: dict[str, Any]) -> nn.Module:
+    """Rebuild a model from its full config (``dataclasses.asdict(model.config)``), freshly initialised.
+
+    The inverse of storing ``asdict(model.config)`` beside a model's weights: load the weights into the result.
+
+    Raises:
+        ValueError: unknown ``kind`` or a config key the kind's config does not have.
+    """
+    if kind not in MODEL_REGISTRY:
+        raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(MODEL_REGISTRY)}")
+    config_cls, model_cls = MODEL_REGISTRY[kind]
+    unknown = sorted(set(config) - {f.name for f in fields(config_cls)})
+    if unknown:
+        raise ValueError(f"model config of kind {kind!r} has unknown key(s) {unknown}")
+    return model_cls(config_cls(**config))
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters (``requires_grad``)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -91,4 +108,5 @@ __all__ = [
     "PointerGenerator",
     "build_model",
     "count_parameters",
+    "model_from_config",
 ]
