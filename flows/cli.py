@@ -55,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _setup_cli_logging() -> None:
+    from rich.console import Console
     from rich.logging import RichHandler
 
-    if not log.handlers:
-        log.addHandler(RichHandler(show_path=False))
+    if not log.handlers:  # stderr: stdout is for answers (`nextloc predict ... > answers.json`)
+        log.addHandler(RichHandler(console=Console(stderr=True), show_path=False))
         log.setLevel(logging.INFO)
         log.propagate = False
     logging.getLogger("httpx").setLevel(logging.WARNING)

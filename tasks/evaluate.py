@@ -61,7 +61,9 @@ def evaluate_registered(
     from the model's own new-place head, fit on validation when it was trained)."""
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
-    scored = score_split(lambda batch: bundle.scorer(pack_batch(batch)), data)
+    # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
+    # softmax their input; softmaxing probabilities themselves would flatten them)
+    scored = score_split(lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), data)
     p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
     return {"model": model_uri(kind, alias), "split": split, **scored.accumulator.compute(p_new)}
 
