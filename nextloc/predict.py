@@ -39,6 +39,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from nextloc.config import PreprocessConfig
@@ -395,7 +396,11 @@ def predict(
     probabilities: list[np.ndarray] = []
     p_new: list[np.ndarray] = []
     columns = [TextColumn("scoring histories"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
-    with Progress(*columns, disable=not progress, transient=True) as bar, torch.no_grad():
+    bar_console = Console(stderr=True)  # stdout is for the answers
+    with (
+        Progress(*columns, console=bar_console, disable=not progress, transient=True) as bar,
+        torch.no_grad(),
+    ):
         task = bar.add_task("score", total=n)
         for start in range(0, n, batch_size):
             chunk = histories.packed[start : start + batch_size]
