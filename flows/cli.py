@@ -30,6 +30,7 @@ def configure_environment(project_dir: Path | None = None) -> None:
         "DO_NOT_TRACK": "true",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "nextloc",
         "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
@@ -54,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _setup_cli_logging() -> None:
+    from rich.console import Console
     from rich.logging import RichHandler
 
-    if not log.handlers:
-        log.addHandler(RichHandler(show_path=False))
+    if not log.handlers:  # stderr: stdout is for answers (`nextloc predict ... > answers.json`)
+        log.addHandler(RichHandler(console=Console(stderr=True), show_path=False))
         log.setLevel(logging.INFO)
         log.propagate = False
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -114,16 +116,24 @@ def _build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_compare)
 
     q = sub.add_parser(
-        "predict", help="top-k next locations from the champion model for histories (JSON or parquet)."
+        "predict",
+        help="next places from the champion for a user's recent visits or raw GPS fixes (or samples).",
+        description="Top-k next known places (location id, centre, visits in the training data, probability) "
+        "and P(new place), from a registered model (default: the champion). --history takes visits "
+        "(user_id, started_at, finished_at, latitude, longitude; CSV, parquet or JSON, an MLflow "
+        "dataframe_records request included; optional history_id for several histories per user), raw GPS "
+        "fixes (a .plt file or a folder of them, or CSV/parquet of tracked_at, latitude, longitude), or a "
+        "samples parquet of the dataset. Times are ISO 8601; no zone means UTC.",
     )
     q.add_argument("--model", default="pointer_plus")
-    q.add_argument("--alias", default="champion")
+    q.add_argument("--alias", default="champion", help="registry alias or version number")
+    q.add_argument("--history", required=True, help="a file or folder (see above), or JSON text")
+    q.add_argument("-k", type=int, default=5, help="places per answer (default 5)")
     q.add_argument(
-        "--history",
-        required=True,
-        help="JSON text, a .json file (a history or a list), or a samples .parquet",
+        "--at", default=None, help="prediction time (ISO 8601); default: the end of each history's last visit"
     )
-    q.add_argument("-k", type=int, default=5)
+    q.add_argument("--user", type=int, default=None, help="raw user id for an input without a user_id column")
+    q.add_argument("--format", choices=["json", "table"], default="json", help="output (default json)")
     _add_tracking_options(q)
     q.set_defaults(func=_cmd_predict)
 
@@ -322,13 +332,52 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from tasks.evaluate import predict_top_k
+    from tasks.evaluate import predict_registered
 
-    predictions = predict_top_k(
-        args.model, args.alias, args.history, args.k, args.tracking_uri, args.experiment
+    answers = predict_registered(
+        args.model,
+        args.alias,
+        args.history,
+        args.k,
+        args.tracking_uri,
+        args.experiment,
+        at=args.at,
+        user_id=args.user,
     )
-    sys.stdout.write(json.dumps(predictions, indent=2) + "\n")
+    if args.format == "json":
+        sys.stdout.write(json.dumps(answers, indent=2) + "\n")
+    else:
+        _print_answers(answers)
     return 0
+
+
+def _print_answers(answers: list[dict[str, Any]]) -> None:
+    """One table per history: its user and time, P(new place), then the places."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(110, Console().width))
+    for answer in answers:
+        about = {k: v for k, v in answer.items() if k not in ("places", "p_new_place")}
+        title = ", ".join(f"{k} {v}" for k, v in about.items())
+        p_new = answer.get("p_new_place")
+        table = Table(title=title, caption=f"P(new place) {p_new:.3f}" if p_new is not None else None)
+        columns = [
+            c
+            for c in ("rank", "location_id", "latitude", "longitude", "n_visits", "probability")
+            if any(c in place for place in answer["places"])
+        ]
+        for column in columns:
+            table.add_column(column, justify="right")
+        for place in answer["places"]:
+            table.add_row(*(_cell(place.get(c)) for c in columns))
+        console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _print_leaderboard(board: dict[str, Any], caption: str) -> None:

@@ -13,7 +13,7 @@ convention (lowest class index first).
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 import scipy.sparse as sp
@@ -166,6 +166,41 @@ class MarkovBaseline:
         scores = np.where(counts > 0, logp, MARKOV_FILL).astype(np.float32)
         return torch.from_numpy(scores).to(batch.loc.device)
 
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The fitted chain as plain parameters and named arrays (the sparse tables as their CSR arrays).
+
+        Stored as JSON and safetensors beside each other, nothing pickled; :meth:`from_state` reads them back.
+        """
+        if self.user_from is None:
+            raise RuntimeError("call fit() first")
+        params = {
+            "num_locations": self.num_locations,
+            "user_marginal_fallback": self.user_marginal_fallback,
+            "num_users": self.num_users,
+        }
+        arrays = {"user_any": self.user_any, "global_freq": self.global_freq}
+        for name in ("user_from", "global_from"):
+            matrix: sp.csr_matrix = getattr(self, name)
+            arrays[f"{name}.data"] = matrix.data
+            arrays[f"{name}.indices"] = matrix.indices.astype(np.int64)
+            arrays[f"{name}.indptr"] = matrix.indptr.astype(np.int64)
+        return params, {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> MarkovBaseline:
+        """The inverse of :meth:`state`."""
+        markov = cls(
+            int(params["num_locations"]), user_marginal_fallback=bool(params["user_marginal_fallback"])
+        )
+        v = markov.num_locations
+        markov.num_users = int(params["num_users"])
+        markov.user_any = np.asarray(arrays["user_any"], dtype=np.float64).reshape(markov.num_users, v)
+        markov.global_freq = np.asarray(arrays["global_freq"], dtype=np.float64)
+        for name, rows in (("user_from", markov.num_users * v), ("global_from", v)):
+            parts = (arrays[f"{name}.data"], arrays[f"{name}.indices"], arrays[f"{name}.indptr"])
+            setattr(markov, name, sp.csr_matrix(parts, shape=(rows, v)))
+        return markov
+
 
 class _HistoryBaseline:
     """Scaffold shared by the history-only baselines: nothing is learned, scores come from :func:`history_stats`.
@@ -207,6 +242,15 @@ class _HistoryBaseline:
         """``(B, V)`` scores from :func:`history_stats`' ``(counts, recency, earliness)``."""
         raise NotImplementedError
 
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Plain parameters (nothing is learned: no arrays); :meth:`from_state` reads them back."""
+        return {"num_locations": self.num_locations}, {}
+
+    @classmethod
+    def from_state(cls, params: dict[str, Any], arrays: dict[str, np.ndarray]) -> Self:
+        """The inverse of :meth:`state`."""
+        return cls(**params)
+
 
 class MostFrequentBaseline(_HistoryBaseline):
     """Predicts the location visited most often in the sample's own history.
@@ -243,6 +287,10 @@ class MostFrequentBaseline(_HistoryBaseline):
         """History locations ranked by count, then by ``tie_break``; 0 elsewhere."""
         tie = earliness if self.tie_break == "first_seen" else recency
         return torch.where(counts > 0, counts + tie, torch.zeros_like(counts))
+
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Plain parameters (``num_locations``, ``tie_break``); nothing is learned."""
+        return {"num_locations": self.num_locations, "tie_break": self.tie_break}, {}
 
 
 class LastLocationBaseline(_HistoryBaseline):

@@ -69,14 +69,14 @@ class SampleTensors:
         self.user_np = table.column("user").to_numpy().astype(np.int64)
         self.user_id_np = table.column("user_id").to_numpy().astype(np.int64)
         self.target_np = table.column("target_loc").to_numpy().astype(np.int64)
-        loc = _pad(table.column("loc_hist"), lengths, self.max_len)
+        loc = pad_lists(table.column("loc_hist"), lengths, self.max_len)
         self.history_np = loc
         tensors = {
             "loc": loc,
-            "time": _pad(table.column("start_min_hist"), lengths, self.max_len) // TIME_SLOT_MIN,
-            "weekday": _pad(table.column("weekday_hist"), lengths, self.max_len),
-            "duration": _pad(table.column("duration_hist"), lengths, self.max_len) // DURATION_BIN_MIN,
-            "diff": _pad(table.column("diff_hist"), lengths, self.max_len),
+            "time": pad_lists(table.column("start_min_hist"), lengths, self.max_len) // TIME_SLOT_MIN,
+            "weekday": pad_lists(table.column("weekday_hist"), lengths, self.max_len),
+            "duration": pad_lists(table.column("duration_hist"), lengths, self.max_len) // DURATION_BIN_MIN,
+            "diff": pad_lists(table.column("diff_hist"), lengths, self.max_len),
         }
         pin = self.device.type == "cuda"
         self._t = {k: _to(v, self.device, pin) for k, v in tensors.items()}
@@ -141,7 +141,7 @@ class SampleTensors:
         return (self.history_np == self.target_np[:, None]).any(axis=1)
 
 
-def _pad(column: pa.ChunkedArray, lengths: np.ndarray, width: int) -> np.ndarray:
+def pad_lists(column: pa.ChunkedArray, lengths: np.ndarray, width: int) -> np.ndarray:
     """Right-pad a list column into an ``(N, width)`` int64 array (0 = padding)."""
     values = column.combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
     out = np.zeros((len(lengths), width), dtype=np.int64)

@@ -285,22 +285,3 @@ def pack_batch(batch: Batch) -> torch.Tensor:
         ],
         dim=-1,
     )
-
-
-def example_histories(data: SampleTensors, n: int = 2) -> list[dict[str, Any]]:
-    """The first samples of ``data`` as packed-history dicts (a registered model's input example)."""
-    out = []
-    for i in range(min(n, len(data))):
-        length = int(data.lengths_np[i])
-        batch = data.batch(torch.tensor([i], device=data.device))
-        out.append(
-            {
-                "location": batch.loc[0, :length].tolist(),
-                "start_min": (batch.time[0, :length] * TIME_SLOT_MIN).tolist(),
-                "weekday": batch.weekday[0, :length].tolist(),
-                "duration_min": (batch.duration[0, :length] * DURATION_BIN_MIN).tolist(),
-                "diff_days": batch.diff[0, :length].tolist(),
-                "user": int(data.user_np[i]),
-            }
-        )
-    return out

@@ -1,49 +1,85 @@
-"""A single-tensor interface to the models, for model registries and ``nextloc predict``.
+"""The registered models' format: packed histories in, probabilities out; weights and config as plain data.
 
-Registries (MLflow's signature, pyfunc ``predict``) want one array in and one array out. A history is
-packed into an int64 array ``(B, T, 6)`` with the columns :data:`PACKED_FEATURES`, right-padded with 0;
-the output is ``(B, total_loc_num)`` probabilities.
+Registries want one array in and one array out. A history is packed into an int64 array ``(B, T, 6)``
+with the columns :data:`PACKED_FEATURES`, right-padded with 0; :class:`PackedScorer` turns it into
+``(B, total_loc_num)`` probabilities.
+
+A trained model is stored as a *bundle*, a folder that can be read without trusting its author (nothing
+pickled, no code): ``bundle.json`` (the model kind and config, the dataset's full preprocessing config, the
+match radius and the new-place head, all plain JSON), ``weights.safetensors`` (a neural model's state dict,
+or a baseline's fitted arrays) and ``vocabulary/locations.parquet`` / ``users.parquet`` (what the encoded
+ids mean). :func:`save_bundle` writes one, :func:`load_bundle` reads it back into a :class:`ModelBundle`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+import safetensors.numpy
+import safetensors.torch
 import torch
 from torch import nn
 
+from nextloc.baselines import BASELINES, BaselineModule
+from nextloc.config import PreprocessConfig, SampleConfig
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch
+from nextloc.models import OUTPUT_IS_LOG_PROB, SeedEnsemble, model_config, model_from_config
+from nextloc.novelty import NewPlaceHead
+from nextloc.storage import write_json, write_parquet, write_with
 
 PACKED_FEATURES = ("location", "start_min", "weekday", "duration_min", "diff_days", "user")
+BUNDLE_FORMAT = 1
+BUNDLE_FILE = "bundle.json"
+WEIGHTS_FILE = "weights.safetensors"
+VOCABULARY_DIR = "vocabulary"
+BUNDLE_ARTIFACT = "bundle"  # the bundle's name among a registered model's artifacts
+DEFAULT_MATCH_RADIUS_M = 50.0
+
+
+def packed_batch(packed: torch.Tensor, duration_cap_min: int = SampleConfig().duration_cap_min) -> Batch:
+    """The :class:`~nextloc.data.Batch` view of packed histories ``(B, T, 6)`` (the inverse of
+    :func:`nextloc.evaluate.pack_batch`); durations are capped at ``duration_cap_min`` first."""
+    packed = packed.long()
+    loc = packed[..., 0]
+    lengths = (loc != 0).sum(dim=1).clamp(min=1)
+    return Batch(
+        loc=loc,
+        time=packed[..., 1] // TIME_SLOT_MIN,
+        weekday=packed[..., 2],
+        duration=packed[..., 3].clamp(max=duration_cap_min) // DURATION_BIN_MIN,
+        diff=packed[..., 4],
+        user=packed[:, 0, 5],
+        lengths=lengths,
+        target=torch.zeros_like(lengths),
+        index=torch.arange(len(lengths), device=packed.device),
+    )
 
 
 class PackedScorer(nn.Module):
-    """Wraps a model: ``(B, T, 6)`` int64 packed histories -> ``(B, V)`` probabilities."""
+    """Wraps a model: ``(B, T, 6)`` int64 packed histories -> ``(B, V)`` probabilities.
 
-    def __init__(self, model: nn.Module, log_prob_output: bool, duration_cap_min: int = 2879) -> None:
+    Args:
+        model: a model (or :class:`~nextloc.baselines.BaselineModule`) taking a Batch.
+        log_prob_output: whether the model returns log-probabilities (else logits/scores, softmaxed).
+        duration_cap_min: the dataset's duration cap (``samples.duration_cap_min`` of its config).
+    """
+
+    def __init__(
+        self, model: nn.Module, log_prob_output: bool, duration_cap_min: int = SampleConfig().duration_cap_min
+    ) -> None:
         super().__init__()
         self.model = model
         self.log_prob_output = log_prob_output
         self.duration_cap_min = duration_cap_min
 
     def forward(self, packed: torch.Tensor) -> torch.Tensor:
-        packed = packed.long()
-        loc = packed[..., 0]
-        lengths = (loc != 0).sum(dim=1).clamp(min=1)
-        batch = Batch(
-            loc=loc,
-            time=packed[..., 1] // TIME_SLOT_MIN,
-            weekday=packed[..., 2],
-            duration=packed[..., 3].clamp(max=self.duration_cap_min) // DURATION_BIN_MIN,
-            diff=packed[..., 4],
-            user=packed[:, 0, 5],
-            lengths=lengths,
-            target=torch.zeros_like(lengths),
-            index=torch.arange(len(lengths), device=packed.device),
-        )
-        out = self.model(batch).float()
+        out = self.model(packed_batch(packed, self.duration_cap_min)).float()
         return out.exp() if self.log_prob_output else out.softmax(dim=-1)
 
 
@@ -90,3 +126,144 @@ def top_k(probabilities: np.ndarray, k: int = 5) -> list[list[tuple[int, float]]
     """The ``k`` most likely locations per row as ``(location_id, probability)``, ties by lower id."""
     order = np.argsort(-probabilities, axis=1, kind="stable")[:, :k]
     return [[(int(c), float(probabilities[r, c])) for c in row] for r, row in enumerate(order)]
+
+
+@dataclass(frozen=True)
+class ModelBundle:
+    """A trained model with everything needed to answer a user: see the module docstring.
+
+    Attributes:
+        kind: the model kind (``pointer_plus``, ``markov``, ...).
+        scorer: packed histories -> probabilities, with the dataset's duration cap.
+        preprocess: the full preprocessing config of the dataset the model was trained on.
+        head: the new-place head (None for a model stored without one).
+        locations: the location vocabulary (``loc_index``, ``raw_location_id``, ``latitude``, ``longitude``,
+            ``n_staypoints``), or None.
+        users: the user vocabulary (``user_index``, ``user_id``, ...), or None.
+        match_radius_m: a visit within this many metres of a location's centre is that location.
+    """
+
+    kind: str
+    scorer: PackedScorer
+    preprocess: PreprocessConfig
+    head: NewPlaceHead | None
+    locations: pd.DataFrame | None
+    users: pd.DataFrame | None
+    match_radius_m: float = DEFAULT_MATCH_RADIUS_M
+
+    @property
+    def max_history(self) -> int | None:
+        """The longest history the model accepts (a pointer model's ``max_seq_len``; the shortest over an
+        ensemble's members), None if unbounded."""
+        model = self.scorer.model
+        members = model.members if isinstance(model, SeedEnsemble) else [model]
+        limits = [getattr(getattr(m, "config", None), "max_seq_len", None) for m in members]
+        limits = [limit for limit in limits if limit is not None]
+        return min(limits) if limits else None
+
+
+def save_bundle(
+    folder: Path,
+    kind: str,
+    model: nn.Module,
+    preprocess: PreprocessConfig,
+    head: NewPlaceHead | None = None,
+    locations: pd.DataFrame | None = None,
+    users: pd.DataFrame | None = None,
+    match_radius_m: float = DEFAULT_MATCH_RADIUS_M,
+) -> Path:
+    """Write a model bundle (see the module docstring) into ``folder``; every file is written atomically.
+
+    Args:
+        folder: the bundle folder (created).
+        kind: the model kind.
+        model: a neural model (with a ``config`` dataclass) or a :class:`~nextloc.baselines.BaselineModule`.
+        preprocess: the dataset's preprocessing config.
+        head: the model's new-place head.
+        locations: the dataset's location vocabulary.
+        users: the dataset's user vocabulary.
+        match_radius_m: the radius used to map a visit to a known location.
+
+    Returns:
+        ``folder``.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, BaselineModule):
+        params, arrays = model.baseline.state()
+        spec: dict[str, Any] = {"family": "baseline", "params": params, "log_prob_output": False}
+        write_with(lambda tmp: safetensors.numpy.save_file(arrays, str(tmp)), folder / WEIGHTS_FILE)
+    else:
+        spec = {
+            "family": "neural",
+            "config": model_config(model),
+            "log_prob_output": OUTPUT_IS_LOG_PROB[kind],
+        }
+        model = model.cpu()
+        write_with(lambda tmp: safetensors.torch.save_model(model, str(tmp)), folder / WEIGHTS_FILE)
+    write_json(
+        {
+            "format": BUNDLE_FORMAT,
+            "kind": kind,
+            "model": spec,
+            "preprocess": preprocess.model_dump(mode="json"),
+            "match_radius_m": float(match_radius_m),
+            "new_place_head": head.to_dict() if head is not None else None,
+        },
+        folder / BUNDLE_FILE,
+    )
+    for name, frame in (("locations", locations), ("users", users)):
+        if frame is not None:
+            write_parquet(frame, folder / VOCABULARY_DIR / f"{name}.parquet")
+    return folder
+
+
+def load_bundle(folder: Path) -> ModelBundle:
+    """Read a bundle written by :func:`save_bundle` (plain JSON, safetensors and parquet; nothing executed).
+
+    Raises:
+        FileNotFoundError: if ``folder`` holds no bundle.
+        ValueError: naming the file and field that is wrong (unknown format, kind, config key, weights).
+    """
+    folder = Path(folder)
+    spec_path = folder / BUNDLE_FILE
+    if not spec_path.is_file():
+        raise FileNotFoundError(f"no model bundle in {folder} ({BUNDLE_FILE} is missing)")
+    spec = json.loads(spec_path.read_text())
+    if spec.get("format") != BUNDLE_FORMAT:
+        raise ValueError(f"{spec_path}: field 'format' is {spec.get('format')!r}, expected {BUNDLE_FORMAT}")
+    kind = spec["kind"]
+    preprocess = PreprocessConfig.model_validate(spec["preprocess"])
+    model_spec = spec["model"]
+    weights = folder / WEIGHTS_FILE
+    if model_spec["family"] == "baseline":
+        if kind not in BASELINES:
+            raise ValueError(f"{spec_path}: field 'kind' {kind!r} is not a baseline ({sorted(BASELINES)})")
+        arrays = safetensors.numpy.load_file(str(weights))
+        model: nn.Module = BaselineModule(BASELINES[kind].from_state(model_spec["params"], arrays))
+    else:
+        model = model_from_config(kind, model_spec["config"])
+        missing, unexpected = safetensors.torch.load_model(model, str(weights), strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"{weights}: weights do not fit a {kind!r} model (missing {missing}, unexpected {unexpected})"
+            )
+    model.eval()
+    head = spec.get("new_place_head")
+    vocab = {
+        name: pd.read_parquet(folder / VOCABULARY_DIR / f"{name}.parquet")
+        if (folder / VOCABULARY_DIR / f"{name}.parquet").is_file()
+        else None
+        for name in ("locations", "users")
+    }
+    return ModelBundle(
+        kind=kind,
+        scorer=PackedScorer(
+            model, bool(model_spec["log_prob_output"]), preprocess.samples.duration_cap_min
+        ).eval(),
+        preprocess=preprocess,
+        head=NewPlaceHead.from_dict(head) if head is not None else None,
+        locations=vocab["locations"],
+        users=vocab["users"],
+        match_radius_m=float(spec.get("match_radius_m", DEFAULT_MATCH_RADIUS_M)),
+    )

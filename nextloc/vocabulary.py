@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from sklearn.neighbors import BallTree
 
 from nextloc.sequences import UNSEEN
 
@@ -90,26 +91,53 @@ def _times_fingerprint(started: pd.Series, finished: pd.Series) -> str:
     return digest.hexdigest()
 
 
+def nearest_locations(
+    latitude: np.ndarray, longitude: np.ndarray, locations: pd.DataFrame, radius_m: float
+) -> np.ndarray:
+    """The location index (``loc_index``) of the nearest centre within ``radius_m`` metres, else 1 (unseen).
+
+    One rule for every "which known place is this?": places of another vocabulary
+    (:func:`location_mapping`) and a user's visits (:mod:`nextloc.predict`). The nearest centre is found
+    with a haversine ball tree; the radius test uses the same haversine in metres as everywhere else.
+
+    Args:
+        latitude: ``(N,)`` degrees.
+        longitude: ``(N,)`` degrees.
+        locations: a location vocabulary (``loc_index``, ``latitude``, ``longitude``).
+        radius_m: the match radius in metres.
+
+    Returns:
+        ``(N,)`` int64: a ``loc_index`` (>= 2) or :data:`~nextloc.sequences.UNSEEN`.
+    """
+    lat = np.asarray(latitude, dtype=np.float64)
+    lon = np.asarray(longitude, dtype=np.float64)
+    out = np.full(len(lat), UNSEEN, dtype=np.int64)
+    if not len(lat) or not len(locations):
+        return out
+    centre_lat = locations["latitude"].to_numpy(np.float64)
+    centre_lon = locations["longitude"].to_numpy(np.float64)
+    tree = BallTree(np.radians(np.column_stack([centre_lat, centre_lon])), metric="haversine")
+    nearest = tree.query(np.radians(np.column_stack([lat, lon])), k=1, return_distance=False)[:, 0]
+    dist = _haversine_m(lat, lon, centre_lat[nearest], centre_lon[nearest])
+    ok = dist <= radius_m
+    out[ok] = locations["loc_index"].to_numpy(np.int64)[nearest[ok]]
+    return out
+
+
 def location_mapping(source: pd.DataFrame, target: pd.DataFrame, radius_m: float) -> np.ndarray:
     """``mapping[i]`` = the ``target`` index of ``source`` location ``i`` (0 pad, 1 unseen kept as they are).
 
     Each source location goes to the target location with the nearest centre if it is within
-    ``radius_m`` metres (haversine), else to 1 (unseen).
+    ``radius_m`` metres (haversine), else to 1 (unseen): :func:`nearest_locations`.
     """
     size = int(source["loc_index"].max()) + 1 if len(source) else 2
     mapping = np.full(max(size, 2), UNSEEN, dtype=np.int64)
     mapping[0] = 0
-    if len(source) and len(target):
-        dist = _haversine_m(
-            source["latitude"].to_numpy()[:, None],
-            source["longitude"].to_numpy()[:, None],
-            target["latitude"].to_numpy()[None, :],
-            target["longitude"].to_numpy()[None, :],
-        )
-        nearest = dist.argmin(axis=1)
-        ok = dist[np.arange(len(source)), nearest] <= radius_m
+    if len(source):
         idx = source["loc_index"].to_numpy()
-        mapping[idx[ok]] = target["loc_index"].to_numpy()[nearest[ok]]
+        mapping[idx] = nearest_locations(
+            source["latitude"].to_numpy(), source["longitude"].to_numpy(), target, radius_m
+        )
     return mapping
 
 

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-import json
+import logging
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 
+from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
 from nextloc.evaluate import pack_batch, score_split, summarise
 from nextloc.metrics import RESULT_KEYS
-from nextloc.novelty import NewPlaceHead, novelty_features
-from nextloc.sequences import FIRST_PLACE
-from nextloc.serving import PACKED_FEATURES, pack_histories, top_k
+from nextloc.novelty import NewPlaceHead
+from nextloc.predict import parse_time, predict, read_history, to_histories
+from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
 from tasks import tracking
+
+logger = logging.getLogger(__name__)
 
 
 def model_uri(kind: str, alias: str) -> str:
@@ -26,10 +29,29 @@ def model_uri(kind: str, alias: str) -> str:
     return f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
 
 
+def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment: str) -> ModelBundle:
+    """A registered model as a :class:`~nextloc.serving.ModelBundle`, read as data: its JSON config,
+    safetensors weights and parquet vocabulary (the logged code is not run).
+
+    A version logged before bundles existed (a pickled ``mlflow.pytorch`` model) is still read, with a
+    warning (unpickling runs code chosen by whoever logged it): no vocabulary, the head from its run.
+    """
+    tracking.configure(tracking_uri, experiment)
+    uri = model_uri(kind, alias)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = tracking.download_bundle(uri, Path(tmp))
+        if (folder / BUNDLE_FILE).is_file():
+            return load_bundle(folder)
+    logger.warning("%s is a pickled model logged before bundles: loading it runs its author's code", uri)
+    scorer = mlflow.pytorch.load_model(uri, map_location="cpu").eval()
+    return ModelBundle(
+        kind, scorer, PreprocessConfig(), load_head(kind, alias, tracking_uri, experiment), None, None
+    )
+
+
 def load_scorer(kind: str, alias: str, tracking_uri: str | None, experiment: str) -> torch.nn.Module:
     """The registered model as a :class:`~nextloc.serving.PackedScorer` (packed histories -> probabilities)."""
-    tracking.configure(tracking_uri, experiment)
-    return mlflow.pytorch.load_model(model_uri(kind, alias), map_location="cpu").eval()
+    return load_registered(kind, alias, tracking_uri, experiment).scorer
 
 
 def evaluate_registered(
@@ -37,11 +59,12 @@ def evaluate_registered(
 ) -> dict[str, Any]:
     """Metrics of a registered model on one split of a preprocessed dataset (place metrics first; P(new place)
     from the model's own new-place head, fit on validation when it was trained)."""
-    scorer = load_scorer(kind, alias, tracking_uri, experiment)
+    bundle = load_registered(kind, alias, tracking_uri, experiment)
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
-    scored = score_split(lambda batch: scorer(pack_batch(batch)), data)
-    head = load_head(kind, alias, tracking_uri, experiment)
-    p_new = head.predict(scored.features) if head is not None else None
+    # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
+    # softmax their input; softmaxing probabilities themselves would flatten them)
+    scored = score_split(lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), data)
+    p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
     return {"model": model_uri(kind, alias), "split": split, **scored.accumulator.compute(p_new)}
 
 
@@ -63,39 +86,23 @@ def load_head(kind: str, alias: str, tracking_uri: str | None, experiment: str) 
         return None
 
 
-def predict_top_k(
-    kind: str, alias: str, history: str, k: int, tracking_uri: str | None, experiment: str
-) -> list[list[dict[str, float]]]:
-    """Top-k next known places (ids >= 2, probabilities renormalised over places) and P(new place), for
-    histories given as JSON text/file or a samples parquet."""
-    packed = _read_histories(history)
-    scorer = load_scorer(kind, alias, tracking_uri, experiment)
-    head = load_head(kind, alias, tracking_uri, experiment)
-    with torch.no_grad():
-        packed_t = torch.from_numpy(packed)
-        probs = scorer(packed_t)
-        p_new = head.predict(novelty_features(probs.log(), _batch_of(packed_t))) if head is not None else None
-    places = probs[:, FIRST_PLACE:].numpy()
-    places = places / np.clip(places.sum(axis=1, keepdims=True), 1e-12, None)
-    answers = []
-    for i, row in enumerate(top_k(places, k)):
-        answer: dict[str, Any] = {
-            "places": [{"location_id": loc + FIRST_PLACE, "probability": round(p, 6)} for loc, p in row]
-        }
-        if p_new is not None:
-            answer["p_new_place"] = round(float(p_new[i]), 6)
-        answers.append(answer)
-    return answers
-
-
-def _batch_of(packed: torch.Tensor):
-    """The :class:`~nextloc.data.Batch` view of packed histories (what the new-place features read)."""
-    from nextloc.data import Batch
-
-    loc = packed[..., 0]
-    lengths = (loc != 0).sum(dim=1).clamp(min=1)
-    zeros = torch.zeros_like(lengths)
-    return Batch(loc, loc * 0, loc * 0, loc * 0, loc * 0, packed[:, 0, 5], lengths, zeros, zeros)
+def predict_registered(
+    kind: str,
+    alias: str,
+    history: str,
+    k: int,
+    tracking_uri: str | None,
+    experiment: str,
+    at: str | None = None,
+    user_id: int | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Answers of a registered model for a history file (visits, positionfixes, samples) or JSON text:
+    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict`)."""
+    bundle = load_registered(kind, alias, tracking_uri, experiment)
+    raw = read_history(history, bundle.preprocess, user_id)
+    stamp = parse_time(at, "--at", "at") if at else None
+    return predict(bundle, to_histories(raw, bundle, stamp), k, progress=progress)
 
 
 def leaderboard_from_mlflow(
@@ -123,32 +130,3 @@ def leaderboard_from_mlflow(
             values = group[col].dropna().to_numpy(float) if col in group else np.array([])
             board[kind][key] = summarise(values)
     return board, note
-
-
-def _read_histories(source: str) -> np.ndarray:
-    path = Path(source)
-    if path.suffix == ".parquet" and path.is_file():
-        table = pq.read_table(path)
-        rows = table.to_pylist()
-        histories = [
-            {
-                "location": r["loc_hist"],
-                "start_min": r["start_min_hist"],
-                "weekday": r["weekday_hist"],
-                "duration_min": r["duration_hist"],
-                "diff_days": r["diff_hist"],
-                "user": r["user"],
-            }
-            for r in rows
-        ]
-        return pack_histories(histories)
-    text = path.read_text() if path.suffix == ".json" and path.is_file() else source
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"--history is neither a .json/.parquet file nor JSON text: {err}") from err
-    histories = data if isinstance(data, list) else [data]
-    for i, hist in enumerate(histories):
-        if not isinstance(hist, dict):
-            raise ValueError(f"history {i} must be an object with fields {list(PACKED_FEATURES)}")
-    return pack_histories(histories)

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import numpy as np
-import torch
+import pandas as pd
+import yaml
 from mlflow import MlflowClient
 from mlflow.entities import Metric
-from mlflow.models import infer_signature
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
-from nextloc.serving import PackedScorer
+from nextloc.serving import BUNDLE_ARTIFACT
 
 logger = logging.getLogger(__name__)
 
@@ -108,27 +109,62 @@ def log_file_artifact(run_id: str, path: Path, artifact_path: str | None = None)
     MlflowClient().log_artifact(run_id, str(path), artifact_path)
 
 
-def log_torch_model(
-    model: torch.nn.Module, example: np.ndarray, kind: str, log_prob_output: bool, pip_requirements: list[str]
+PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
+
+
+def model_signature() -> ModelSignature:
+    """The registered models' signature: visits as named, typed columns; params ``k`` and ``at``.
+
+    Times are ISO 8601 text (a zone may be given; none means UTC): MLflow's ``datetime`` type takes
+    zone-naive values only, and text lets the model name the row of an unparsable time.
+    """
+    return ModelSignature(
+        inputs=Schema(
+            [
+                ColSpec("long", "user_id"),
+                ColSpec("string", "started_at"),
+                ColSpec("string", "finished_at"),
+                ColSpec("double", "latitude"),
+                ColSpec("double", "longitude"),
+                ColSpec("string", "history_id", required=False),
+            ]
+        ),
+        params=ParamSchema([ParamSpec("k", "long", 5), ParamSpec("at", "string", "")]),
+    )
+
+
+def log_model(
+    bundle_dir: Path, example: pd.DataFrame | None, kind: str, pip_requirements: list[str]
 ) -> tuple[str, str]:
-    """Log a model (inside the active run) with signature and input example, and register it.
+    """Log a model bundle (inside the active run) as a models-from-code pyfunc and register it.
+
+    The code is :data:`PYFUNC_CODE`, the weights and config the bundle (:func:`nextloc.serving.save_bundle`):
+    nothing is pickled.
 
     Returns:
         ``(model_uri, registered version)``.
     """
-    scorer = PackedScorer(model.cpu().eval(), log_prob_output)
-    with torch.no_grad():
-        output = scorer(torch.from_numpy(example)).numpy()
-    info = mlflow.pytorch.log_model(
-        scorer,
+    info = mlflow.pyfunc.log_model(
         name="model",
-        signature=infer_signature(example, output),
+        python_model=str(PYFUNC_CODE),
+        artifacts={BUNDLE_ARTIFACT: str(bundle_dir)},
+        signature=model_signature(),
         input_example=example,
-        serialization_format="pickle",
         registered_model_name=registered_name(kind),
         pip_requirements=pip_requirements,
     )
     return info.model_uri, str(info.registered_model_version)
+
+
+def download_bundle(model_uri: str, dst: Path) -> Path:
+    """Download a registered model and return its bundle folder, or its model folder for a model logged
+    before bundles existed (an ``mlflow.pytorch`` pickle; see :func:`tasks.evaluate.load_registered`)."""
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
+    spec = yaml.safe_load((local / "MLmodel").read_text())
+    artifacts = spec.get("flavors", {}).get("python_function", {}).get("artifacts") or {}
+    if BUNDLE_ARTIFACT in artifacts:
+        return local / artifacts[BUNDLE_ARTIFACT]["path"]
+    return local
 
 
 @contextlib.contextmanager

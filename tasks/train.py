@@ -5,22 +5,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import mlflow
+import pandas as pd
 import torch
 from prefect import get_run_logger, task
 
 from nextloc.baselines import BASELINES, BaselineModule
+from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
-from nextloc.evaluate import Evaluation, evaluate, example_histories, model_scores
+from nextloc.evaluate import Evaluation, evaluate, model_scores
 from nextloc.metrics import RESULT_KEYS
 from nextloc.models import ENSEMBLES, OUTPUT_IS_LOG_PROB, build_model, count_parameters
+from nextloc.predict import example_visits
 from nextloc.sequences import SPLITS
-from nextloc.serving import pack_histories
+from nextloc.serving import save_bundle
 from nextloc.storage import write_json, write_parquet, write_with
 from nextloc.train import TrainConfig, fit_model, fit_seed_ensemble, resolve_device
 from tasks import tracking
@@ -158,10 +162,7 @@ def train_model_task(
         for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
             if catalog.vocabulary(vocab).is_file():
                 tracking.log_file_artifact(run.info.run_id, catalog.vocabulary(vocab), "vocabulary")
-        example = pack_histories(example_histories(splits["test"]))
-        model_uri, version = tracking.log_torch_model(
-            result["model"], example, kind, result["log_prob"], _requirements()
-        )
+        model_uri, version = _log_bundle(kind, result["model"], meta, evaluation, catalog)
         results_json.update({"model_uri": model_uri, "registered_version": version})
         write_json(results_json, run_dir / "results.json")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
@@ -239,6 +240,29 @@ def _train_neural(
     }
 
 
+def _log_bundle(kind: str, model: torch.nn.Module, meta: dict, evaluation: Evaluation, catalog: Catalog):
+    """Register the model as a bundle (weights, config, vocabulary, new-place head; nothing pickled) with a
+    pyfunc that answers visits; returns ``(model_uri, version)``."""
+    vocab = {
+        name: pd.read_parquet(catalog.vocabulary(name)) if catalog.vocabulary(name).is_file() else None
+        for name in ("locations", "users")
+    }
+    example = None
+    if vocab["locations"] is not None and catalog.staypoints.is_file():
+        example = example_visits(pd.read_parquet(catalog.staypoints), vocab["locations"])
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = save_bundle(
+            Path(tmp) / "bundle",
+            kind,
+            model,
+            PreprocessConfig.model_validate(meta["config"]),
+            head=evaluation.head,
+            locations=vocab["locations"],
+            users=vocab["users"],
+        )
+        return tracking.log_model(bundle, example, kind, _requirements())
+
+
 def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
     baseline = BASELINES[kind](vocab["total_loc_num"]).fit(splits["train"])
     return {
@@ -301,5 +325,7 @@ def _requirements() -> list[str]:
     return [
         f"torch=={version('torch').split('+')[0]}",
         f"numpy=={version('numpy')}",
+        f"pandas=={version('pandas')}",
+        f"safetensors=={version('safetensors')}",
         f"nextloc=={version('nextloc')}",
     ]

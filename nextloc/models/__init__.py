@@ -7,7 +7,7 @@ logits for ``"mhsa"`` and ``"lstm"``, log-probabilities for ``"pointer"`` (see :
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
 from torch import nn
@@ -82,6 +82,43 @@ def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides:
     return model_cls(config)
 
 
+def model_config(model: nn.Module) -> dict[str, Any]:
+    """A model's full config as plain data: ``asdict(model.config)``, or for a :class:`SeedEnsemble` its
+    members' configs. :func:`model_from_config` rebuilds the model from it."""
+    if isinstance(model, SeedEnsemble):
+        return {
+            "members": [asdict(member.config) for member in model.members],
+            "log_prob_output": model.log_prob_output,
+        }
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError(f"a {type(model).__name__} has no config dataclass")
+    return asdict(config)
+
+
+def model_from_config(kind: str, config: dict[str, Any]) -> nn.Module:
+    """Rebuild a model from its full config (:func:`model_config`), freshly initialised.
+
+    The inverse of storing ``model_config(model)`` beside a model's weights: load the weights into the result.
+
+    Raises:
+        ValueError: unknown ``kind`` or a config key the kind's config does not have.
+    """
+    if kind in ENSEMBLES:
+        member_kind = ENSEMBLES[kind][0]
+        if not isinstance(config.get("members"), list) or not config["members"]:
+            raise ValueError(f"model config of ensemble kind {kind!r} needs a non-empty 'members' list")
+        members = [model_from_config(member_kind, member) for member in config["members"]]
+        return SeedEnsemble(members, bool(config.get("log_prob_output", OUTPUT_IS_LOG_PROB[member_kind])))
+    if kind not in MODEL_REGISTRY:
+        raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(MODEL_REGISTRY)}")
+    config_cls, model_cls = MODEL_REGISTRY[kind]
+    unknown = sorted(set(config) - {f.name for f in fields(config_cls)})
+    if unknown:
+        raise ValueError(f"model config of kind {kind!r} has unknown key(s) {unknown}")
+    return model_cls(config_cls(**config))
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters (``requires_grad``)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -101,4 +138,6 @@ __all__ = [
     "SeedEnsemble",
     "build_model",
     "count_parameters",
+    "model_config",
+    "model_from_config",
 ]

@@ -1,0 +1,264 @@
+"""Predictions people can use, end to end: a model store trained on the real GeoLife sample (real Prefect
+API, real MLflow store), ``nextloc predict`` from raw ``.plt`` fixes and from visits, and the registered
+model served by a real ``mlflow models serve`` process on 127.0.0.1 answering the same as the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
+REPO = Path(__file__).resolve().parents[2]
+SHORT = {"max_epochs": 2, "min_epochs": 0}
+FAR = (-33.86, 151.21)  # Sydney: no GeoLife place is near
+
+
+@pytest.fixture(scope="module")
+def store(sample_dir, tmp_path_factory):
+    from flows.preprocess import preprocess
+    from flows.train import train
+
+    root = tmp_path_factory.mktemp("predict")
+    data_dir = root / "data"
+    preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir))
+    (root / "mlruns").mkdir()
+    uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
+    train(
+        data_dir=str(data_dir),
+        models=["markov", "pointer_plus"],
+        seeds=[0],
+        train_overrides={"pointer_plus": SHORT},
+        tracking_uri=uri,
+        experiment="test",
+        device="cpu",
+    )
+    return data_dir, uri
+
+
+@pytest.fixture(scope="module")
+def two_histories(store, tmp_path_factory) -> Path:
+    """A known user's last visits (at their places' centres) and an unknown user who went somewhere never
+    seen, as the MLflow serving request (``dataframe_records``) that the CLI reads as it is."""
+    data_dir, _ = store
+    sp = pd.read_parquet(data_dir / "staypoints.parquet")
+    centres = pd.read_parquet(data_dir / "vocabulary" / "locations.parquet").set_index("loc_index")
+    user = sp[(sp["user_id"] == 73) & (sp["location_id"] >= 2)].sort_values("started_at").tail(5)
+    records = [
+        {
+            "user_id": 73,
+            "started_at": row.started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "finished_at": row.finished_at.strftime("%Y-%m-%dT%H:%M:%S+00:00"),
+            "latitude": float(centres.loc[row.location_id, "latitude"]),
+            "longitude": float(centres.loc[row.location_id, "longitude"]),
+        }
+        for row in user.itertuples()
+    ]
+    first = records[0]
+    records += [
+        {**first, "user_id": 5555},
+        {
+            "user_id": 5555,
+            "started_at": "2008-09-01 10:00:00",  # no zone: UTC
+            "finished_at": "2008-09-01T20:30:00+08:00",
+            "latitude": FAR[0],
+            "longitude": FAR[1],
+        },
+    ]
+    path = tmp_path_factory.mktemp("request") / "two_histories.json"
+    path.write_text(json.dumps({"dataframe_records": records, "params": {"k": 3}}))
+    return path
+
+
+def nextloc(*args: str, uri: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "flows.cli", *args, "--tracking-uri", uri, "--experiment", "test"]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=check, timeout=300)
+
+
+def test_registered_models_are_code_and_plain_weights(store, tmp_path):
+    """Every kind, the baseline too: a models-from-code pyfunc, safetensors weights and JSON config; no
+    pickle anywhere; the signature names and types the visit columns."""
+    import mlflow
+
+    from tasks import tracking
+
+    _, uri = store
+    tracking.configure(uri, "test")
+    for kind in ("markov", "pointer_plus"):
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/nextloc-{kind}@champion", dst_path=str(tmp_path / kind)
+            )
+        )
+        spec = yaml.safe_load((local / "MLmodel").read_text())
+        assert set(spec["flavors"]) == {"python_function"}
+        assert spec["flavors"]["python_function"]["loader_module"] == "mlflow.pyfunc.loaders.code_model"
+        names = {p.name for p in local.rglob("*") if p.is_file()}
+        assert {"pyfunc_model.py", "bundle.json", "weights.safetensors", "locations.parquet"} <= names
+        assert not [n for n in names if n.endswith((".pkl", ".pickle", ".pt", ".pth", ".cloudpickle"))]
+        inputs = json.loads(spec["signature"]["inputs"])
+        assert [(c["name"], c["type"]) for c in inputs if c["required"]] == [
+            ("user_id", "long"),
+            ("started_at", "string"),
+            ("finished_at", "string"),
+            ("latitude", "double"),
+            ("longitude", "double"),
+        ]
+
+
+def test_registered_baseline_scores_as_when_trained(store):
+    """The champion loaded back from its bundle (the champion rule and `nextloc evaluate` load it this way)
+    scores the test split exactly as the trained model did, its new-place head included."""
+    from tasks.evaluate import evaluate_registered
+
+    data_dir, uri = store
+    results = json.loads((data_dir / "results" / "markov" / "seed0" / "results.json").read_text())
+    metrics = evaluate_registered("markov", "champion", data_dir, "test", uri, "test")
+    for key in ("place_acc@1", "place_mrr", "acc@1", "mrr"):
+        assert metrics[key] == pytest.approx(results[key], abs=1e-9), key
+    for key in ("new_place_auc", "new_place_brier"):  # float32 probabilities read back as log-probabilities
+        assert metrics[key] == pytest.approx(results[key], rel=1e-6), key
+
+
+def test_raw_plt_fixes_round_trip(store, sample_dir):
+    """A sample user's raw .plt folder -> staypoints -> that user's places, named, with P(new place)."""
+    _, uri = store
+    trajectory = sample_dir / "Data" / "073" / "Trajectory"
+    out = nextloc("predict", "--model", "pointer_plus", "--history", str(trajectory), "-k", "3", uri=uri)
+    (answer,) = json.loads(out.stdout)
+    assert answer["user_id"] == 73
+    assert answer["known_user"] is True
+    assert answer["visits_used"] >= 1
+    assert 0 < answer["p_new_place"] < 1
+    assert [p["rank"] for p in answer["places"]] == [1, 2, 3]
+    for place in answer["places"]:
+        assert place["location_id"] >= 2
+        assert 39 < place["latitude"] < 41  # Beijing
+        assert 115 < place["longitude"] < 118
+        assert place["n_visits"] >= 1
+    table = nextloc(
+        "predict", "--model", "markov", "--history", str(trajectory), "--format", "table", uri=uri
+    )
+    assert "user_id 73" in table.stdout
+    assert "P(new place)" in table.stdout
+    assert "latitude" in table.stdout
+
+
+def test_bad_input_is_named(store, tmp_path):
+    _, uri = store
+    bad = tmp_path / "visits.csv"
+    bad.write_text(
+        "user_id,started_at,finished_at,latitude,longitude\n"
+        "73,2008-09-01T01:00:00Z,2008-09-01T05:00:00Z,39.97,116.33\n"
+        "73,2008-09-01T06:00:00Z,2008-09-01T09:00:00Z,400.17,116.33\n"
+    )
+    out = nextloc("predict", "--model", "markov", "--history", str(bad), uri=uri, check=False)
+    assert out.returncode == 2
+    assert "visits.csv row 2: field 'latitude' = 400.17" in " ".join(out.stderr.split())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@contextlib.contextmanager
+def served(model_uri: str, tracking_uri: str, log: Path):
+    """A real ``mlflow models serve --env-manager local`` on a free port; stopped (process group) after."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": tracking_uri,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # its uvicorn
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    mlflow = str(Path(sys.executable).parent / "mlflow")
+    cmd = [
+        mlflow,
+        "models",
+        "serve",
+        "-m",
+        model_uri,
+        "--env-manager",
+        "local",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"mlflow models serve exited: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"mlflow models serve not up in 120 s: {log.read_text()[-3000:]}"
+            )
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as response,
+            ):
+                if response.status == 200:
+                    break
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def test_served_model_answers_as_the_cli(store, two_histories, tmp_path):
+    """`mlflow models serve` on the champion answers the two histories exactly as `nextloc predict` does;
+    the unknown user and the place never seen are said so; bad input is a 400 naming the row and field."""
+    _, uri = store
+    cli = json.loads(
+        nextloc(
+            "predict", "--model", "pointer_plus", "--history", str(two_histories), "-k", "3", uri=uri
+        ).stdout
+    )
+    with served("models:/nextloc-pointer_plus@champion", uri, tmp_path / "serve.log") as url:
+        status, body = _post(f"{url}/invocations", two_histories.read_bytes())
+        bad = json.loads(two_histories.read_text())
+        bad["dataframe_records"][1]["started_at"] = "yesterday"
+        bad_status, bad_body = _post(f"{url}/invocations", json.dumps(bad).encode())
+    assert status == 200, body
+    assert body["predictions"] == cli
+    known, unknown = cli
+    assert (known["user_id"], known["known_user"], known["new_place_visits"]) == (73, True, 0)
+    assert (unknown["user_id"], unknown["known_user"], unknown["new_place_visits"]) == (5555, False, 1)
+    for answer in cli:
+        assert 0 < answer["p_new_place"] < 1
+        assert len(answer["places"]) == 3
+        assert all(p["location_id"] >= 2 and "latitude" in p for p in answer["places"])
+    assert bad_status == 400
+    assert "request row 2: field 'started_at' is not a time: 'yesterday'" in bad_body["message"]
