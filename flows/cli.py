@@ -203,16 +203,16 @@ def _input_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         timezone=args.input_timezone or (base.timezone if base else "UTC"),
     )
     raw_dir = args.raw_dir or (base.raw_dir if base else None)
+    data_dir = args.data_dir or (profile.data_dir if profile else DEFAULT_DATA_DIR)
+    inputs: dict[str, Any] = {"raw_dir": str(raw_dir) if raw_dir else None, "data_dir": str(data_dir)}
+    if spec != InputSpec():  # a GeoLife input passes the flows the same parameters as before
+        inputs.update(input_format=spec.format, columns=spec.columns, input_timezone=spec.timezone)
+    return profile, inputs
+
+
+def _check_raw_dir(raw_dir: str | None) -> None:
     if raw_dir and not Path(raw_dir).exists():
         raise FileNotFoundError(f"--raw-dir {raw_dir} does not exist")
-    data_dir = args.data_dir or (profile.data_dir if profile else DEFAULT_DATA_DIR)
-    return profile, {
-        "raw_dir": str(raw_dir) if raw_dir else None,
-        "data_dir": str(data_dir),
-        "input_format": spec.format,
-        "columns": spec.columns,
-        "input_timezone": spec.timezone,
-    }
 
 
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
@@ -295,6 +295,7 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     config = _config_from_args(args, profile)
     if not inputs["raw_dir"]:
         raise ValueError("--raw-dir is required (or a --dataset profile naming its raw_dir)")
+    _check_raw_dir(inputs["raw_dir"])
     from flows.preprocess import preprocess
 
     result = preprocess(config=config, **inputs)
@@ -306,6 +307,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     """The main job: the ``preprocess-train`` flow (the same one the deployment runs), with local defaults."""
     profile, inputs = _input_from_args(args)
     config = _config_from_args(args, profile)
+    _check_raw_dir(inputs["raw_dir"])
     models, seeds, neural, model_set, train_set = _train_plan(args)
     presets = profile.models if profile else {}
     train_presets = profile.train if profile else {}
