@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nextloc.config import PreprocessConfig, flatten, load_config
+from nextloc.inputs import INPUT_FORMATS
 from nextloc.rawdata import DEFAULT_RAW_DIR
 
 DEFAULT_DATA_DIR = "data/geolife"
@@ -69,16 +70,25 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nextloc", description="GeoLife next-location prediction pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("preprocess", help="raw GeoLife .plt -> staypoints, samples and metadata (cached).")
-    p.add_argument("--raw-dir", required=True, help="folder holding GeoLife Data/NNN/Trajectory/*.plt")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help=f"output folder (default {DEFAULT_DATA_DIR})")
+    p = sub.add_parser("preprocess", help="raw trajectories -> staypoints, samples and metadata (cached).")
+    p.add_argument(
+        "--raw-dir",
+        default=None,
+        help="GeoLife root (Data/NNN/Trajectory/*.plt), a CSV/parquet/visits file or folder, or a GPX folder "
+        "(NNN/*.gpx); default: the --dataset profile's",
+    )
+    p.add_argument(
+        "--data-dir", default=None, help=f"output folder (default data/<dataset>, {DEFAULT_DATA_DIR})"
+    )
+    _add_input_options(p)
     _add_config_options(p)
     p.set_defaults(func=_cmd_preprocess)
 
     r = sub.add_parser(
         "run", help="the main job: find (or unpack, or download) GeoLife, preprocess, train, evaluate."
     )
-    r.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    r.add_argument("--data-dir", default=None, help=f"default data/<dataset> ({DEFAULT_DATA_DIR})")
+    _add_input_options(r)
     _add_train_options(r)
     r.add_argument(
         "--raw-dir",
@@ -143,6 +153,19 @@ def _build_parser() -> argparse.ArgumentParser:
     d.add_argument("--sha256", default=None, help="expected sha256 of the zip")
     d.set_defaults(func=_cmd_download)
 
+    y = sub.add_parser(
+        "synth",
+        help="write a seeded synthetic trajectory data set (home, work, other places; GeoLife-like fixes).",
+    )
+    y.add_argument("--out", required=True, help="a file (csv, parquet, visits) or a folder (gpx, geolife)")
+    y.add_argument("--format", choices=list(INPUT_FORMATS), default="csv")
+    y.add_argument("--users", type=int, default=10)
+    y.add_argument("--days", type=int, default=90)
+    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--columns", default=None, help="rename columns: user_id=uid,tracked_at=time,...")
+    y.add_argument("--local-timezone", default=None, help="write naive wall-clock times in this zone")
+    y.set_defaults(func=_cmd_synth)
+
     s = sub.add_parser(
         "services",
         help="start/stop a local Prefect server, the MLflow UI and the deployments (logs in .services/)",
@@ -150,6 +173,46 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["start", "stop", "status"])
     s.set_defaults(func=_cmd_services)
     return parser
+
+
+def _add_input_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="dataset profile configs/datasets/<name>.yaml (input, protocol, presets)",
+    )
+    parser.add_argument("--input-format", choices=list(INPUT_FORMATS), default=None, help="default geolife")
+    parser.add_argument(
+        "--columns", default=None, help="column mapping, e.g. user_id=uid,tracked_at=time,latitude=lat"
+    )
+    parser.add_argument("--input-timezone", default=None, help="zone of timestamps without one (default UTC)")
+
+
+def _input_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The dataset profile (or None) and the input: ``raw_dir``, ``data_dir``, ``input_format``, ``columns``,
+    ``input_timezone``. Command-line options win over the profile."""
+    from nextloc.inputs import InputSpec, parse_columns
+    from nextloc.profiles import load_profile
+
+    profile = load_profile(args.dataset) if args.dataset else None
+    base = profile.input if profile else None
+    columns = parse_columns(args.columns) if args.columns else (dict(base.columns) if base else {})
+    spec = InputSpec(
+        format=args.input_format or (base.format if base else "geolife"),
+        columns=columns,
+        timezone=args.input_timezone or (base.timezone if base else "UTC"),
+    )
+    raw_dir = args.raw_dir or (base.raw_dir if base else None)
+    data_dir = args.data_dir or (profile.data_dir if profile else DEFAULT_DATA_DIR)
+    inputs: dict[str, Any] = {"raw_dir": str(raw_dir) if raw_dir else None, "data_dir": str(data_dir)}
+    if spec != InputSpec():  # a GeoLife input passes the flows the same parameters as before
+        inputs.update(input_format=spec.format, columns=spec.columns, input_timezone=spec.timezone)
+    return profile, inputs
+
+
+def _check_raw_dir(raw_dir: str | None) -> None:
+    if raw_dir and not Path(raw_dir).exists():
+        raise FileNotFoundError(f"--raw-dir {raw_dir} does not exist")
 
 
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
@@ -200,12 +263,12 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
             f"--{key}",
             dest=f"cfg::{key}",
             default=None,
-            metavar=type(default).__name__.upper(),
+            metavar="FLOAT" if default is None else type(default).__name__.upper(),
             help=f"(default {default})",
         )
 
 
-def _config_from_args(args: argparse.Namespace) -> PreprocessConfig:
+def _config_from_args(args: argparse.Namespace, profile: Any = None) -> PreprocessConfig:
     overrides: dict[str, Any] = {}
     for item in args.set:
         if "=" not in item:
@@ -215,6 +278,8 @@ def _config_from_args(args: argparse.Namespace) -> PreprocessConfig:
     for name, value in vars(args).items():
         if name.startswith("cfg::") and value is not None:
             overrides[name[5:]] = _parse_value(value)
+    if profile is not None:
+        return profile.config(overrides, args.config)
     return load_config(args.config, overrides)
 
 
@@ -226,32 +291,35 @@ def _parse_value(text: str) -> Any:
 
 
 def _cmd_preprocess(args: argparse.Namespace) -> int:
-    config = _config_from_args(args)
-    if not Path(args.raw_dir).exists():
-        raise FileNotFoundError(f"--raw-dir {args.raw_dir} does not exist")
+    profile, inputs = _input_from_args(args)
+    config = _config_from_args(args, profile)
+    if not inputs["raw_dir"]:
+        raise ValueError("--raw-dir is required (or a --dataset profile naming its raw_dir)")
+    _check_raw_dir(inputs["raw_dir"])
     from flows.preprocess import preprocess
 
-    result = preprocess(raw_dir=str(args.raw_dir), data_dir=str(args.data_dir), config=config)
+    result = preprocess(config=config, **inputs)
     _print_summary(result)
     return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     """The main job: the ``preprocess-train`` flow (the same one the deployment runs), with local defaults."""
-    config = _config_from_args(args)
-    if args.raw_dir and not Path(args.raw_dir).exists():
-        raise FileNotFoundError(f"--raw-dir {args.raw_dir} does not exist")
+    profile, inputs = _input_from_args(args)
+    config = _config_from_args(args, profile)
+    _check_raw_dir(inputs["raw_dir"])
     models, seeds, neural, model_set, train_set = _train_plan(args)
+    presets = profile.models if profile else {}
+    train_presets = profile.train if profile else {}
     from flows.pipeline import preprocess_train
 
     result = preprocess_train(
-        raw_dir=str(args.raw_dir) if args.raw_dir else None,
-        data_dir=str(args.data_dir),
+        **inputs,
         **{section: getattr(config, section) for section in PreprocessConfig.model_fields},
         models=models,
         seeds=seeds,
-        model_overrides={m: model_set for m in neural},
-        train_overrides={m: train_set for m in neural},
+        model_overrides={m: {**presets.get(m, {}), **model_set} for m in neural},
+        train_overrides={m: {**train_presets.get(m, {}), **train_set} for m in neural},
         device=args.device,
         workers=max(1, args.workers),
         task_runner=args.task_runner,
@@ -403,6 +471,21 @@ def _print_leaderboard(board: dict[str, Any], caption: str) -> None:
             row = board[kind]
             table.add_row(kind, str(row[HEADLINE]["n"]), *(format_summary(row.get(k), " +- ") for k in keys))
         console.print(table)
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from nextloc.inputs import parse_columns
+    from nextloc.synth import SynthConfig, generate
+
+    counts = generate(
+        SynthConfig(n_users=args.users, n_days=args.days, seed=args.seed),
+        args.format,
+        Path(args.out),
+        columns=parse_columns(args.columns) or None,
+        timezone=args.local_timezone,
+    )
+    sys.stdout.write(json.dumps({"out": args.out, "format": args.format, **counts}) + "\n")
+    return 0
 
 
 def _cmd_download(args: argparse.Namespace) -> int:

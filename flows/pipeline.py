@@ -8,6 +8,7 @@ config is all cache hits (training included) and a changed model parameter retra
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from prefect import flow
@@ -23,6 +24,7 @@ from nextloc.config import (
     SplitConfig,
     StaypointConfig,
 )
+from nextloc.inputs import InputFormat
 from tasks import tracking
 from tasks.locking import data_dir_lock
 from tasks.pipeline import publish_summary, resolve_raw_dir
@@ -47,6 +49,9 @@ Seed = Annotated[int, Field(ge=0)]
 def preprocess_train(
     raw_dir: str | None = None,
     data_dir: str = "data/geolife",
+    input_format: InputFormat = "geolife",
+    columns: dict[str, str] | None = None,
+    input_timezone: str = "UTC",
     timezone: str = "UTC",
     staypoints: StaypointConfig = StaypointConfig(),
     quality: QualityConfig = QualityConfig(),
@@ -99,10 +104,20 @@ def preprocess_train(
         samples=samples,
     )
     with data_dir_lock(data_dir):  # one writer per data directory (re-entrant for the subflows)
-        found = resolve_raw_dir(raw_dir)
+        if input_format == "geolife":
+            found = resolve_raw_dir(raw_dir)
+        elif raw_dir and Path(raw_dir).exists():
+            found = raw_dir
+        else:
+            raise FileNotFoundError(f"raw_dir {raw_dir!r} does not exist ({input_format} input)")
         runner = make_task_runner(task_runner, dask_workers, dask_address)
         preprocessed = preprocess.with_options(task_runner=runner)(
-            raw_dir=found, data_dir=data_dir, config=config
+            raw_dir=found,
+            data_dir=data_dir,
+            config=config,
+            input_format=input_format,
+            columns=columns,
+            input_timezone=input_timezone,
         )
         os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
         trained = train.with_options(task_runner=_process_pool(workers))(

@@ -13,15 +13,20 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
+from nextloc.inputs import InputFormat, InputSpec
 from tasks.caching import cached_result
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
 from tasks.preprocess import (
     DatasetResult,
     build_dataset_task,
+    discover_raw_files,
     discover_raw_users,
     generate_staypoints_user,
+    ingest_gpx_user,
+    ingest_table,
     ingest_user,
+    ingest_visits,
     locate_staypoints_task,
     write_ingest_report,
 )
@@ -34,46 +39,78 @@ from tasks.preprocess import (
     validate_parameters=True,
 )
 def preprocess(
-    raw_dir: str, data_dir: str = "data/geolife", config: PreprocessConfig | None = None
+    raw_dir: str,
+    data_dir: str = "data/geolife",
+    config: PreprocessConfig | None = None,
+    input_format: InputFormat = "geolife",
+    columns: dict[str, str] | None = None,
+    input_timezone: str = "UTC",
 ) -> dict[str, Any]:
-    """Turn a GeoLife ``Data/`` tree into staypoints, samples and metadata under ``data_dir``.
+    """Turn raw trajectories into staypoints, samples and metadata under ``data_dir``.
+
+    ``input_format`` names the input kind: a GeoLife ``Data/`` tree (default), CSV or parquet
+    positionfixes (one file or a folder; ``columns`` maps nextloc's column names to the files'), GPX
+    folders (one per user), or already-extracted visits (they skip staypoint generation).
+    ``input_timezone`` is the zone of timestamps written without one.
 
     Every task is cached on its inputs' content fingerprints, its config and the library code: a rerun on
     unchanged input is all cache hits, and a changed parameter recomputes only the tasks below it.
     """
     logger = get_run_logger()
     config = config or PreprocessConfig()
+    spec = InputSpec(format=input_format, columns=columns or {}, timezone=input_timezone)
     catalog = Catalog(str(Path(data_dir).resolve()))
     store = {"result_storage": catalog.cache}
 
     with data_dir_lock(catalog.root):  # one writer per data directory
-        # Extract: raw folders and their content fingerprints
-        users, discovery = discover_raw_users(raw_dir, catalog)
+        ingest_run = staypoints_run = 0
+        if spec.format in ("geolife", "gpx"):
+            # Extract: raw user folders and their content fingerprints; then per user (mapped in parallel)
+            users, discovery = discover_raw_users(raw_dir, catalog, spec.format)
+            input_fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
+            if spec.format == "geolife":
+                ingested, ingest_run = _run_mapped(
+                    ingest_user.with_options(**store),
+                    "user",
+                    users,
+                    catalog.cache,
+                    out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
+                )
+            else:
+                ingested, ingest_run = _run_mapped(
+                    ingest_gpx_user.with_options(**store),
+                    "user",
+                    users,
+                    catalog.cache,
+                    spec=unmapped(spec),
+                    out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
+                )
+        else:
+            # Files that are not per user: read them at once, partitioned per user
+            raw = discover_raw_files(raw_dir, spec.format, catalog)
+            input_fingerprint = combine(spec.format, raw.fingerprint)
+            reader = ingest_visits if spec.format == "visits" else ingest_table
+            per_user, discovery = _ensure(reader.with_options(**store), raw, spec, catalog)
+            ingested = [] if spec.format == "visits" else per_user
 
-        # Per user (mapped in parallel): positionfixes, then staypoints
-        ingested, ingest_run = _run_mapped(
-            ingest_user.with_options(**store),
-            "user",
-            users,
-            catalog.cache,
-            out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
-        )
-        staypoints, staypoints_run = _run_mapped(
-            generate_staypoints_user.with_options(**store),
-            "ingested",
-            ingested,
-            catalog.cache,
-            config=unmapped(config.staypoints),
-            tripleg_gap_threshold_min=unmapped(config.quality.tripleg_gap_threshold_min),
-            out_path=[str(catalog.user_staypoints(r.user_id)) for r in ingested],
-        )
+        if spec.format == "visits":
+            staypoints = per_user
+        else:
+            staypoints, staypoints_run = _run_mapped(
+                generate_staypoints_user.with_options(**store),
+                "ingested",
+                ingested,
+                catalog.cache,
+                config=unmapped(config.staypoints),
+                tripleg_gap_threshold_min=unmapped(config.quality.tripleg_gap_threshold_min),
+                out_path=[str(catalog.user_staypoints(r.user_id)) for r in ingested],
+            )
         ingest_summary = write_ingest_report(discovery, ingested, catalog)
 
         # Dataset level: quality filter + DBSCAN, then samples
         located, located_stats = _ensure(
             locate_staypoints_task.with_options(**store), staypoints, config, str(catalog.located)
         )
-        input_fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
         upstream = {
             **located_stats,
             "positionfixes": sum(r.n_rows for r in ingested),
@@ -81,6 +118,7 @@ def preprocess(
             "staypoints": sum(s.n_staypoints for s in staypoints),
             "rows_skipped": ingest_summary["rows_skipped"],
             "files_skipped": ingest_summary["files_skipped"],
+            **({} if spec.format == "geolife" else {"input_format": spec.format}),
         }
         dataset: DatasetResult = _ensure(
             build_dataset_task.with_options(**store), located, config, input_fingerprint, upstream, catalog

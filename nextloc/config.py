@@ -65,6 +65,12 @@ class QualityConfig(_Frozen):
     )
     window_weeks: int = Field(10, ge=1, description="Sliding window length in weeks; shorter spans drop out.")
     tripleg_gap_threshold_min: float = Field(15.0, gt=0, description="Temporal gap that splits triplegs.")
+    min_thres: float | None = Field(
+        None, ge=0, le=1, description="Keep users whose worst window quality exceeds this (DIY 0.6; off)."
+    )
+    mean_thres: float | None = Field(
+        None, ge=0, le=1, description="Keep users whose mean window quality exceeds this (DIY 0.7; off)."
+    )
 
 
 class LocationConfig(_Frozen):

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from nextloc.config import PreprocessConfig
 from nextloc.locations import generate_locations, merge_staypoints
-from nextloc.quality import filter_users_by_quality, user_extents
+from nextloc.quality import apply_quality_thresholds, filter_users_by_quality, user_extents
 from nextloc.sequences import (
     SPLITS,
     add_time_features,
@@ -84,6 +84,7 @@ def locate_staypoints(
     sp = create_activity_flag(staypoints, config.staypoints.activity_time_threshold_min)
     extents = user_extents(sp, tripleg_extents)
     kept = filter_users_by_quality(extents, config.quality)
+    kept = apply_quality_thresholds(kept, staypoints, config.quality)
     sp = sp[sp["user_id"].isin(kept["user_id"]) & sp["is_activity"]].reset_index(drop=True)
     sp = generate_locations(sp, config.locations)
     n_activity = len(sp)

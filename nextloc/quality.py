@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pandas as pd
 
 from nextloc.config import QualityConfig
@@ -50,6 +51,67 @@ def filter_users_by_quality(user_extents: pd.DataFrame, config: QualityConfig | 
     kept = ext.loc[keep].reset_index(drop=True)
     logger.info("quality filter: %d of %d users kept", len(kept), len(ext))
     return kept
+
+
+def window_quality(records: pd.DataFrame, extents: pd.DataFrame, window_weeks: int = 10) -> pd.DataFrame:
+    """Per-user tracking quality of the reference's sliding windows (``_get_tracking_quality``).
+
+    Window ``i`` of a user covers ``[midnight before the first record + i weeks, + window_weeks weeks)``
+    for ``i in range(days // 7 - window_weeks + 1)``; its quality is the tracked time inside it over its
+    length. The reference cuts records at midnight and counts the pieces that lie fully inside a window;
+    windows start at midnight, so that equals clipping each record to the window. Empty windows are
+    skipped, as in the reference.
+
+    Args:
+        records: ``user_id``, ``started_at``, ``finished_at`` of the tracked time (staypoints or visits).
+        extents: the users to score with ``started_at`` and ``days`` (from :func:`filter_users_by_quality`).
+        window_weeks: the window length in weeks.
+
+    Returns:
+        ``user_id``, ``min_quality``, ``mean_quality`` (NaN for a user without a non-empty window).
+    """
+    rows = []
+    window = pd.Timedelta(weeks=window_weeks)
+    by_user = {u: g for u, g in records.groupby("user_id")}
+    for ext in extents.itertuples(index=False):
+        recs = by_user.get(ext.user_id)
+        qualities = []
+        if recs is not None:
+            start0 = ext.started_at.floor("D")
+            s = recs["started_at"].to_numpy("datetime64[ns]")
+            f = recs["finished_at"].to_numpy("datetime64[ns]")
+            for i in range(int(ext.days) // 7 - window_weeks + 1):
+                lo = (start0 + pd.Timedelta(weeks=i)).tz_localize(None).to_datetime64()
+                hi = lo + window.to_timedelta64()
+                covered = (np.minimum(f, hi) - np.maximum(s, lo)).astype(np.int64)
+                total = covered[covered > 0].sum()
+                if total > 0:
+                    qualities.append(total / window.value)
+        rows.append(
+            {
+                "user_id": ext.user_id,
+                "min_quality": min(qualities) if qualities else np.nan,
+                "mean_quality": float(np.mean(qualities)) if qualities else np.nan,
+            }
+        )
+    return pd.DataFrame(rows, columns=["user_id", "min_quality", "mean_quality"])
+
+
+def apply_quality_thresholds(
+    kept: pd.DataFrame, records: pd.DataFrame, config: QualityConfig
+) -> pd.DataFrame:
+    """Keep the users whose window quality passes ``min_thres`` / ``mean_thres`` (a no-op when both are off)."""
+    if config.min_thres is None and config.mean_thres is None:
+        return kept
+    q = window_quality(records, kept, config.window_weeks)
+    keep = q["min_quality"].notna()
+    if config.min_thres is not None:
+        keep &= q["min_quality"] > config.min_thres
+    if config.mean_thres is not None:
+        keep &= q["mean_quality"] > config.mean_thres
+    out = kept[kept["user_id"].isin(q.loc[keep, "user_id"])].reset_index(drop=True)
+    logger.info("quality thresholds: %d of %d users kept", len(out), len(kept))
+    return out
 
 
 def user_extents(staypoints: pd.DataFrame, tripleg_extents: pd.DataFrame) -> pd.DataFrame:

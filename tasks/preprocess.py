@@ -19,6 +19,16 @@ from nextloc.config import PreprocessConfig, StaypointConfig
 from nextloc.dataset import build_dataset, locate_staypoints
 from nextloc.fingerprint import combine, hash_files_memo
 from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
+from nextloc.inputs import (
+    InputSpec,
+    list_gpx_files,
+    list_gpx_users,
+    list_input_files,
+    read_gpx_user,
+    read_positionfix_files,
+    read_visit_files,
+    split_by_user,
+)
 from nextloc.sequences import SPLITS
 from nextloc.staypoints import STAYPOINT_COLUMNS, generate_staypoints
 from nextloc.storage import read_parquet, write_json, write_parquet
@@ -75,23 +85,124 @@ class DatasetResult:
         return [self.staypoints, self.metadata, *self.samples.values(), *self.vocabulary.values()]
 
 
+@dataclass(frozen=True)
+class RawFiles:
+    """The files of a tabular or visits input and the fingerprint of their content."""
+
+    paths: list[str]
+    fingerprint: str
+
+
 @task(name="discover-raw-users")
-def discover_raw_users(raw_dir: str, catalog: Catalog) -> tuple[list[RawUser], dict]:
-    """List user folders and fingerprint their files (hashes are memoised by size and mtime)."""
+def discover_raw_users(
+    raw_dir: str, catalog: Catalog, input_format: str = "geolife"
+) -> tuple[list[RawUser], dict]:
+    """List user folders (GeoLife ``Data/NNN`` or GPX ``NNN/``) and fingerprint their files (hashes are
+    memoised by size and mtime)."""
     logger = get_run_logger()
-    users, report = list_user_dirs(Path(raw_dir))
+    gpx = input_format == "gpx"
+    users, report = list_gpx_users(Path(raw_dir)) if gpx else list_user_dirs(Path(raw_dir))
     memo_path = catalog.raw_hash_memo
     memo: dict[str, list] = json.loads(memo_path.read_text()) if memo_path.exists() else {}
     found = []
     for user_id, folder in users:
-        files = list_plt_files(folder)
+        files = list_gpx_files(folder) if gpx else list_plt_files(folder)
         fingerprint = hash_files_memo(files, memo, root=folder)
         found.append(RawUser(user_id, str(folder), fingerprint, len(files)))
     write_json(memo, memo_path)
     logger.info(
-        "found %d user folders (%d .plt files) under %s", len(found), sum(u.n_files for u in found), raw_dir
+        "found %d user folders (%d %s files) under %s",
+        len(found),
+        sum(u.n_files for u in found),
+        ".gpx" if gpx else ".plt",
+        raw_dir,
     )
     return found, report.to_dict()
+
+
+@task(name="discover-raw-files")
+def discover_raw_files(raw_dir: str, input_format: str, catalog: Catalog) -> RawFiles:
+    """The files of a CSV, parquet or visits input (one file or a folder) and their content fingerprint."""
+    files = list_input_files(Path(raw_dir), input_format)
+    memo_path = catalog.raw_hash_memo
+    memo: dict[str, list] = json.loads(memo_path.read_text()) if memo_path.exists() else {}
+    root = Path(raw_dir) if Path(raw_dir).is_dir() else Path(raw_dir).parent
+    fingerprint = hash_files_memo(files, memo, root=root)
+    write_json(memo, memo_path)
+    get_run_logger().info("found %d %s input files under %s", len(files), input_format, raw_dir)
+    return RawFiles([str(f) for f in files], fingerprint)
+
+
+@task(
+    name="ingest-gpx-user",
+    task_run_name="ingest gpx user {user.user_id:03d}",
+    cache_policy=CACHE_POLICY,
+    persist_result=True,
+    retries=1,
+)
+def ingest_gpx_user(user: RawUser, spec: InputSpec, out_path: str) -> IngestResult:
+    """Read one user's GPX track points into a positionfixes parquet file (one partition of the dataset)."""
+    table, report = read_gpx_user(user.user_id, list_gpx_files(Path(user.path)), spec)
+    if table.num_rows == 0:
+        return IngestResult(user.user_id, None, 0, report.to_dict())
+    fingerprint = write_parquet(table, Path(out_path))
+    return IngestResult(
+        user.user_id, Artifact.record(out_path, fingerprint), table.num_rows, report.to_dict()
+    )
+
+
+@task(name="ingest-table", cache_policy=CACHE_POLICY, persist_result=True)
+def ingest_table(raw: RawFiles, spec: InputSpec, catalog: Catalog) -> tuple[list[IngestResult], dict]:
+    """Read CSV/parquet positionfixes of every user and write one positionfixes partition per user.
+
+    The files are not per user, so they are read here at once; the per-user staypoint tasks below stay
+    cached per user on the content of each partition (a user whose rows did not change is a cache hit).
+    """
+    logger = get_run_logger()
+    table, report = read_positionfix_files([Path(p) for p in raw.paths], spec)
+    results = []
+    for user_id, part in split_by_user(table).items():
+        out = catalog.positionfixes(user_id)
+        results.append(
+            IngestResult(
+                user_id,
+                Artifact.record(out, write_parquet(part, out)),
+                part.num_rows,
+                IngestReport().to_dict(),
+            )
+        )
+    if not results:
+        raise ValueError(
+            f"no valid positionfixes in {len(raw.paths)} {spec.format} file(s): {report.to_dict()['counts']}"
+        )
+    logger.info(
+        "read %d positionfixes of %d users (%d rows skipped)",
+        table.num_rows,
+        len(results),
+        report.rows_skipped,
+    )
+    return results, report.to_dict()
+
+
+@task(name="ingest-visits", cache_policy=CACHE_POLICY, persist_result=True)
+def ingest_visits(raw: RawFiles, spec: InputSpec, catalog: Catalog) -> tuple[list[StaypointsResult], dict]:
+    """Read already-extracted visits and write them as each user's staypoints (no staypoint generation)."""
+    logger = get_run_logger()
+    table, report = read_visit_files([Path(p) for p in raw.paths], spec)
+    results = []
+    for user_id, part in split_by_user(table).items():
+        sp = part.to_pandas().sort_values("started_at", kind="stable", ignore_index=True)
+        sp["elevation"] = float("nan")
+        sp["n_pfs"] = 0
+        out = catalog.user_staypoints(user_id)
+        art = Artifact.record(out, write_parquet(sp[STAYPOINT_COLUMNS], out))
+        results.append(StaypointsResult(user_id, art, len(sp), None, None, 0, 0))
+    if not results:
+        raise ValueError(f"no valid visits in {len(raw.paths)} file(s): {report.to_dict()['counts']}")
+    logger.info(
+        "read %d visits of %d users (%d rows skipped)", table.num_rows, len(results), report.rows_skipped
+    )
+    return results, report.to_dict()
 
 
 @task(

@@ -36,6 +36,8 @@ REFERENCE = {
     "quality.day_filter": 50,
     "quality.window_weeks": 10,
     "quality.tripleg_gap_threshold_min": 15.0,
+    "quality.min_thres": None,  # DIY 0.6; off for GeoLife
+    "quality.mean_thres": None,  # DIY 0.7; off for GeoLife
     "locations.epsilon_m": 20.0,
     "locations.min_samples": 2,
     "locations.coordinate_order": "lon_lat",
@@ -76,6 +78,8 @@ def changed(value: Any) -> Any:
         return value + 1
     if isinstance(value, float):
         return value * 1.5 + 0.25
+    if value is None:  # an optional threshold that is off: switch it on
+        return 0.5
     return {"UTC": "Asia/Shanghai", "lon_lat": "lat_lon"}[value]
 
 
