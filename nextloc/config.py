@@ -26,6 +26,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
+def known_timezone(value: str) -> str:
+    """``value`` if it names an IANA timezone; else a ValueError naming it (the validator of every
+    ``timezone`` field)."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as err:
+        raise ValueError(f"unknown timezone {value!r}") from err
+    return value
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -117,14 +127,7 @@ class PreprocessConfig(_Frozen):
     split: SplitConfig = SplitConfig()
     samples: SampleConfig = SampleConfig()
 
-    @field_validator("timezone")
-    @classmethod
-    def _known_timezone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as err:
-            raise ValueError(f"unknown timezone {value!r}") from err
-        return value
+    _known_timezone = field_validator("timezone")(classmethod(lambda cls, value: known_timezone(value)))
 
     def fingerprint(self) -> str:
         """Stable short hash of the full configuration."""

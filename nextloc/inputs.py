@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from nextloc.config import known_timezone
 from nextloc.geolife import POSITIONFIXES_SCHEMA, IngestIssue, IngestReport
 
 logger = logging.getLogger(__name__)
@@ -86,14 +87,7 @@ class InputSpec(BaseModel):
             raise ValueError(f"two nextloc columns map to the same file column: {value}")
         return dict(sorted(value.items()))
 
-    @field_validator("timezone")
-    @classmethod
-    def _known_timezone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as err:
-            raise ValueError(f"unknown timezone {value!r}") from err
-        return value
+    _known_timezone = field_validator("timezone")(classmethod(lambda cls, value: known_timezone(value)))
 
     def source(self, column: str) -> str:
         """The file column holding nextloc's ``column``."""

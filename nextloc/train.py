@@ -130,30 +130,21 @@ class TrainConfig:
                 lr_drops=0,
                 drop_last=False,
             )
-            if recipe == "pointer_plus":
-                # nextloc's recipe: a schedule that anneals within 15 epochs, the epoch chosen on validation
-                # place MRR (the product's metric), trained on train only (the reference data budget).
+            if recipe in ("pointer_plus", "pointer_plus_refit"):
+                # nextloc's schedule: a cosine that anneals within 15 epochs. pointer_plus chooses the epoch
+                # on validation place MRR (the product's metric) and stays on train (the reference data
+                # budget); pointer_plus_refit, the earlier recipe, chooses the epoch count on validation
+                # (reference) MRR and then refits on train + val.
+                refit = recipe == "pointer_plus_refit"
                 base = replace(
                     base,
-                    monitor="val_place_mrr",
+                    monitor="val_mrr" if refit else "val_place_mrr",
                     warmup_epochs=3,
                     decay_epochs=15,
                     max_epochs=20,
                     patience=3,
                     min_epochs=0,
-                    bucket=True,
-                )
-            elif recipe == "pointer_plus_refit":
-                # the earlier recipe: epoch count chosen on validation MRR, then a refit on train + val
-                base = replace(
-                    base,
-                    monitor="val_mrr",
-                    warmup_epochs=3,
-                    decay_epochs=15,
-                    max_epochs=20,
-                    patience=3,
-                    min_epochs=0,
-                    refit_on_train_val=True,
+                    refit_on_train_val=refit,
                     bucket=True,
                 )
         else:
