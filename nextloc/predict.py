@@ -455,7 +455,8 @@ def _answers(
                 details[loc] = {
                     "latitude": round(float(row.latitude), 6),
                     "longitude": round(float(row.longitude), 6),
-                    "n_visits": int(row.n_staypoints),
+                    # visits the model learnt from (bundles written before that column: all staypoints)
+                    "n_visits": int(getattr(row, "n_train_visits", row.n_staypoints)),
                 }
     p_new_all = np.concatenate(p_new) if p_new else None
     records = meta.to_dict(orient="records")

@@ -25,23 +25,27 @@ from sklearn.neighbors import BallTree
 from nextloc.sequences import UNSEEN
 
 EARTH_RADIUS_M = 6_371_000.0
-LOCATION_COLUMNS = ["loc_index", "raw_location_id", "latitude", "longitude", "n_staypoints"]
+LOCATION_COLUMNS = ["loc_index", "raw_location_id", "latitude", "longitude", "n_staypoints", "n_train_visits"]
 USER_COLUMNS = ["user_index", "user_id", "data_fingerprint"]
 USER_GROUPS = ("changed", "unchanged", "new_user", "unknown")
 
 
 def location_vocabulary(located: pd.DataFrame, encoded: pd.DataFrame) -> pd.DataFrame:
-    """The train location vocabulary: encoded index, raw DBSCAN id and centre of each location.
+    """The train location vocabulary: encoded index, raw DBSCAN id and centre of each location, the number
+    of located staypoints behind it (``n_staypoints``, every user and split) and its number of visits in
+    the train split (``n_train_visits``, the final merged staypoints: what a model learnt from).
 
     Args:
         located: located staypoints (raw ``location_id``, ``latitude``, ``longitude``).
-        encoded: the final staypoints (encoded ``location_id``, ``raw_location_id``).
+        encoded: the final staypoints (encoded ``location_id``, ``raw_location_id``, ``split``).
     """
     known = encoded.loc[encoded["location_id"] >= 2, ["location_id", "raw_location_id"]].drop_duplicates()
     centres = located.groupby("location_id").agg(
         latitude=("latitude", "mean"), longitude=("longitude", "mean"), n_staypoints=("latitude", "size")
     )
     vocab = known.rename(columns={"location_id": "loc_index"}).join(centres, on="raw_location_id")
+    train_visits = encoded.loc[encoded["split"] == "train"].groupby("location_id").size()
+    vocab["n_train_visits"] = vocab["loc_index"].map(train_visits).fillna(0).astype(np.int64)
     return vocab.sort_values("loc_index")[LOCATION_COLUMNS].reset_index(drop=True)
 
 

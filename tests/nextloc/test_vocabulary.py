@@ -144,6 +144,7 @@ class TestVocabularies:
         np.testing.assert_allclose(vocab["latitude"], [40.1, 41.0, 40.5])  # means, not medians
         np.testing.assert_allclose(vocab["longitude"], [116.1, 117.0, 116.7])
         assert vocab["n_staypoints"].tolist() == [2, 1, 3]
+        assert vocab["n_train_visits"].tolist() == [1, 1, 2]  # train split only: loc 2's val visit is not
         assert vocab.index.tolist() == [0, 1, 2]
 
     def test_location_vocabulary_leaves_out_pad_and_unseen(self, located, encoded):
