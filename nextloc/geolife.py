@@ -207,7 +207,8 @@ def _read_body(path: Path, report: IngestReport) -> tuple[memoryview, int] | Non
 
     A GeoLife header whose later lines are missing (a data row appears among the first 6 lines) is
     reported as ``short_header`` and the file is read from that data row on, so no row is silently
-    taken for a header line.
+    taken for a header line. A file with no header at all, whose first line is a GeoLife data row, is
+    reported as ``missing_header`` and read whole (its rows are judged like any other).
     """
     try:
         raw = path.read_bytes()
@@ -219,6 +220,19 @@ def _read_body(path: Path, report: IngestReport) -> tuple[memoryview, int] | Non
         report.files_skipped += 1
         report.add(IngestIssue(str(path), None, "empty_file", "file is empty"))
         return None
+    skip = len(_UTF8_BOM) if raw.startswith(_UTF8_BOM) else 0  # a BOM (Windows editors) is no content
+    if _DATA_ROW_RE.match(raw, skip):
+        report.add(
+            IngestIssue(
+                str(path),
+                1,
+                "missing_header",
+                "no GeoLife header: line 1 is a data row; every line is read as data",
+            )
+        )
+        if not raw.endswith(b"\n"):
+            raw += b"\n"
+        return memoryview(raw)[skip:], 1
     pos = 0
     first_line = HEADER_LINES + 1
     for line_no in range(1, HEADER_LINES + 1):
@@ -230,7 +244,6 @@ def _read_body(path: Path, report: IngestReport) -> tuple[memoryview, int] | Non
             pos = -1
             break
         pos = nl + 1
-    skip = len(_UTF8_BOM) if raw.startswith(_UTF8_BOM) else 0  # a BOM (Windows editors) is no content
     title = raw[skip : skip + 20]
     if pos < 0 or not title.strip().lower().startswith(b"geolife trajectory"):
         report.files_skipped += 1

@@ -525,7 +525,6 @@ class TestReadUserBadFiles:
         "header",
         [
             pytest.param([b"lat,lon,zero,alt,days,date,time"], id="csv-header"),
-            pytest.param([], id="no-header"),
             pytest.param([b"Some other format", *HEADER[1:]], id="altered-first-line"),
             pytest.param([b"\xff\xfeG\x00e\x00o\x00", *HEADER[1:]], id="utf16-bom"),
         ],
@@ -540,6 +539,24 @@ class TestReadUserBadFiles:
         assert report.counts == Counter({"bad_header": 1})
         assert (report.files_read, report.files_skipped) == (2, 1)
         assert_issue(only_issue(report), other, 1, "bad_header")
+
+    @pytest.mark.parametrize("bom", [b"", b"\xef\xbb\xbf"], ids=["plain", "utf8-bom"])
+    def test_headerless_file_keeps_its_rows(self, sample_root: Path, traj: Path, bom: bytes) -> None:
+        """Valid GeoLife rows without the six header lines: every good row is read, a bad one is reported
+        with its real line number, and the file gets a ``missing_header`` warning (it is not skipped)."""
+        a = copy(real(sample_root, SRC_A), traj)
+        src = real(sample_root, SRC_B)
+        rows = data_lines(src)
+        rows[3] = b"bad row"
+        headerless = traj / src.name
+        headerless.write_bytes(bom + b"\r\n".join(rows) + b"\r\n")
+        table, report = read_user(USER, [a, headerless])
+        assert_rows(table, reference_of(reference(a), reference(src).drop(index=3)))
+        assert report.counts == Counter({"missing_header": 1, "field_count": 1})
+        assert (report.files_read, report.files_skipped) == (2, 0)
+        missing, bad = report.issues
+        assert_issue(missing, headerless, 1, "missing_header")
+        assert_issue(bad, headerless, 4, "field_count")  # line 4 of the file: no header lines before it
 
     @pytest.mark.parametrize("n_lines", [1, 3, 5])
     def test_file_cut_off_inside_header(self, sample_root: Path, traj: Path, n_lines: int) -> None:
