@@ -9,9 +9,28 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install run test test-fast lint format bench clean services services-stop services-status
+.PHONY: install system-deps run test test-fast lint format bench clean services services-stop services-status
 
-install: $(STAMP)  ## create .venv and install nextloc with its pinned stack (CPU torch)
+install: system-deps $(STAMP)  ## create .venv and install nextloc with its pinned stack (CPU torch)
+
+# Debian packages the services and the browser tests need: PostgreSQL 15 (make services),
+# Chromium + ChromeDriver (tests/browser). Installed only when missing and only as root with apt-get;
+# elsewhere the command says what to install and the tests that need them say why they skip.
+SYSTEM_PACKAGES := postgresql chromium chromium-driver
+system-deps:
+	@missing=""; \
+	command -v /usr/lib/postgresql/15/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian packages:$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "note: missing Debian packages:$$missing (sudo apt-get install$$missing); services and browser tests need them"; \
+	  fi; \
+	fi
 
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
