@@ -1,0 +1,19 @@
+"""nextloc's Prefect flows.
+
+Importing this package sets the offline defaults that must be in place before Prefect reads its settings,
+so that calling a flow straight from Python (``from flows.pipeline import preprocess_train``) behaves like
+the ``nextloc`` command: no telemetry, no analytics. A value the user has set is kept.
+"""
+
+from __future__ import annotations
+
+import os
+
+OFFLINE_DEFAULTS = {
+    "DO_NOT_TRACK": "true",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+}
+
+for _key, _value in OFFLINE_DEFAULTS.items():
+    os.environ.setdefault(_key, _value)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from flows import OFFLINE_DEFAULTS
 from nextloc.config import PreprocessConfig, flatten, load_config
 from nextloc.inputs import INPUT_FORMATS
 from nextloc.rawdata import DEFAULT_RAW_DIR
@@ -27,10 +28,8 @@ def configure_environment(project_dir: Path | None = None) -> None:
     """Set the embedded defaults (only where the user has not chosen otherwise); call before importing prefect."""
     root = project_dir or Path.cwd()
     defaults = {
+        **OFFLINE_DEFAULTS,
         "PREFECT_HOME": str(root / ".prefect"),
-        "DO_NOT_TRACK": "true",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "nextloc",
         "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",

@@ -132,3 +132,30 @@ class TestPreprocessFlow:
             assert (other / name).read_bytes() == (data_dir / name).read_bytes(), name
         for part in (data_dir / "01_positionfixes").rglob("*.parquet"):
             assert (other / part.relative_to(data_dir)).read_bytes() == part.read_bytes()
+
+
+def test_a_direct_python_call_sends_no_telemetry(sample_dir, tmp_path):
+    """`from flows.preprocess import preprocess` in a user's script, with no telemetry settings in the
+    environment, behaves like the command: the temporary API sends no telemetry heartbeat (it used to
+    log `send_telemetry_heartbeat ... database is locked`)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "from flows.preprocess import preprocess\n\n"
+        'if __name__ == "__main__":\n'
+        f"    preprocess(raw_dir={str(sample_dir)!r}, data_dir={str(tmp_path / 'data')!r})\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in {"DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED"}}
+    env.pop("PREFECT_API_URL", None)  # its own temporary API, as a user's script gets
+    env["PREFECT_HOME"] = str(tmp_path / ".prefect")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "telemetry" not in output.lower(), output[-3000:]
+    assert "database is locked" not in output, output[-3000:]
