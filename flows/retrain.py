@@ -17,6 +17,7 @@ from pydantic import Field
 
 from flows.pipeline import preprocess_train
 from flows.train import DEFAULT_MODELS
+from nextloc.dumps import DEFAULT_MAX_BAD_ROW_SHARE
 from tasks.dumps import merge_new_dumps
 from tasks.locking import data_dir_lock
 from tasks.promotion import DEFAULT_DECISION_METRIC, DecisionMetric
@@ -34,6 +35,7 @@ def retrain(
     train_overrides: dict[str, dict[str, Any]] | None = None,
     decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
     min_age_s: Annotated[float, Field(ge=0)] = 60.0,
+    max_bad_row_share: Annotated[float, Field(ge=0, le=1)] = DEFAULT_MAX_BAD_ROW_SHARE,
     force: bool = False,
     tracking_uri: str | None = None,
     pipeline: dict[str, Any] | None = None,
@@ -42,13 +44,15 @@ def retrain(
 
     Args:
         min_age_s: dumps changed more recently than this are left for the next run (a copy may be running).
+        max_bad_row_share: a dump with a file that has more than this share of bad rows (or no valid row)
+            is quarantined whole: the raw store is append-only.
         force: run ``preprocess-train`` even if no new file arrived.
         pipeline: any other ``preprocess-train`` parameter (``{"locations": {"epsilon_m": 50}}``).
     """
     logger = get_run_logger()
     staging = str(Path(data_dir) / "_dumps" / "staging")
     with data_dir_lock(raw_dir):  # one merger per raw store
-        merged = merge_new_dumps(incoming_dir, raw_dir, staging, min_age_s)
+        merged = merge_new_dumps(incoming_dir, raw_dir, staging, min_age_s, max_bad_row_share)
     if not merged["files_new"] and not force:
         logger.info("no new trajectory files (%d dumps seen); nothing to retrain", len(merged["dumps"]))
         return {"retrained": False, "merged": merged}

@@ -3,9 +3,12 @@
 A dump is a folder or an archive (``.zip``, ``.tar``, ``.tar.gz``/``.tgz``, ``.tar.xz``, ``.tar.bz2``) in
 GeoLife layout: ``[...]/Data/NNN/Trajectory/*.plt`` (or ``NNN/Trajectory/*.plt`` at its top). It brings
 new users or new days of known users. Merging is all or nothing: every file is checked first (it must
-parse as a GeoLife ``.plt``, and a file that already exists in the store must have identical bytes), then
-the new files are copied in atomically. A dump that fails any check is rejected with
-:class:`DumpRejected`, whose message says why; nothing in the store changes.
+parse as a GeoLife ``.plt``, hold at least one valid row, have no more than ``max_bad_row_share`` of its
+rows bad, and a file that already exists in the store must have identical bytes), then the new files are
+copied in atomically with the store's file permissions. A dump that fails any check is rejected with
+:class:`DumpRejected`, whose message says why and names the file by its path inside the dump (never a
+staging folder); nothing in the store changes. The store is append-only, so a file let in by mistake
+would stay forever: the checks are strict on purpose.
 
 Pure file logic, no orchestration: ``tasks/dumps.py`` keeps the manifest and moves dumps around.
 """
@@ -15,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import lzma
+import os
 import shutil
+import stat
 import tarfile
 import time
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from nextloc.download import _find_data_parent
@@ -33,6 +38,7 @@ logger = logging.getLogger(__name__)
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
 FILE_ISSUES = ("unreadable_file", "empty_file", "bad_header", "short_header")
 IN_PROGRESS_SUFFIXES = (".part", ".partial", ".tmp", ".crdownload", ".lock")
+DEFAULT_MAX_BAD_ROW_SHARE = 0.05  # real GeoLife files have ~0 bad rows; 5% bad means a broken export
 
 
 class DumpRejected(ValueError):
@@ -164,37 +170,48 @@ def unpack_dump(path: Path, staging: Path) -> Path:
     return staging
 
 
-def plan_merge(dump_name: str, dump_root: Path, store: Path) -> MergePlan:
+def plan_merge(
+    dump_name: str, dump_root: Path, store: Path, max_bad_row_share: float = DEFAULT_MAX_BAD_ROW_SHARE
+) -> MergePlan:
     """Check every file of a dump against the GeoLife format and the store; say what merging would add.
 
     Args:
         dump_name: the dump's name (for messages).
         dump_root: the unpacked dump (holding ``Data/``, possibly a few folders down, or user folders).
         store: the raw store (holding ``Data/``).
+        max_bad_row_share: the largest share of bad rows (0..1) a file may have; more rejects the dump.
 
     Raises:
         DumpRejected: no GeoLife user folders or no ``.plt`` files; a file that is not a GeoLife ``.plt``
-            at all (bad header, unreadable); a file whose name exists in the store with other bytes
-            (merging would change data already ingested).
+            at all (bad header, unreadable); a file with no valid row (garbage rows, or a header only);
+            a file with more than ``max_bad_row_share`` of its rows bad; a file whose name exists in the
+            store with other bytes (merging would change data already ingested). Files are named by
+            their path inside the dump.
     """
+    if not 0.0 <= max_bad_row_share <= 1.0:
+        raise ValueError(f"max_bad_row_share must be in [0, 1], got {max_bad_row_share}")
     root = _find_data_parent(dump_root) or dump_root  # a dump of bare NNN/ folders: the dump itself
     try:
         users, folder_report = list_user_dirs(root)
     except FileNotFoundError as err:
         raise DumpRejected(f"{dump_name}: not in GeoLife layout (Data/NNN/Trajectory/*.plt): {err}") from err
     plan = MergePlan(dump_name)
-    plan.report.merge(folder_report)
+    plan.report.merge(_inside_report(folder_report, dump_name, dump_root))
     for user_id, folder in users:
         files = list_plt_files(folder)
         if not files:
             continue
-        _, report = read_user(user_id, files)
-        plan.report.merge(report)
-        if report.files_skipped:
-            bad = next((i for i in report.issues if i.kind in FILE_ISSUES), None)
+        reports = [_inside_report(read_user(user_id, [file])[1], dump_name, dump_root) for file in files]
+        for report in reports:
+            plan.report.merge(report)
+        skipped = [r for r in reports if r.files_skipped]
+        if skipped:
+            bad = next((i for r in skipped for i in r.issues if i.kind in FILE_ISSUES), None)
             raise DumpRejected(
-                f"{dump_name}: {report.files_skipped} file(s) of user {user_id:03d} do not parse: {bad}"
+                f"{dump_name}: {len(skipped)} file(s) of user {user_id:03d} do not parse: {bad}"
             )
+        for file, report in zip(files, reports, strict=True):
+            _check_rows(dump_name, file.relative_to(dump_root).as_posix(), report, max_bad_row_share)
         for file in files:
             entry = DumpFile(user_id, file.name, file, hash_file(file))
             target = store / entry.relative
@@ -212,15 +229,60 @@ def plan_merge(dump_name: str, dump_root: Path, store: Path) -> MergePlan:
     return plan
 
 
+def _check_rows(dump_name: str, where: str, report: IngestReport, max_bad_row_share: float) -> None:
+    """Reject a file with no valid row, or with more than ``max_bad_row_share`` of its rows bad."""
+    good, bad = report.rows_read, report.rows_skipped
+    first = f"; first: {report.issues[0]}" if report.issues else ""
+    if good == 0:
+        raise DumpRejected(
+            f"{dump_name}: {where}: no valid row ({bad} bad rows){first}; "
+            "the store is append-only, so the dump is quarantined"
+        )
+    if bad > max_bad_row_share * (good + bad):
+        raise DumpRejected(
+            f"{dump_name}: {where}: {bad} bad rows of {good + bad} ({100 * bad / (good + bad):.1f}%, "
+            f"more than max_bad_row_share {100 * max_bad_row_share:g}%){first}"
+        )
+
+
+def _inside(path: Path, dump_name: str, dump_root: Path) -> str:
+    """A path as the user knows it: ``<dump>/<path inside the dump>`` (not the staging folder's path)."""
+    try:
+        return f"{dump_name}/{Path(path).relative_to(dump_root).as_posix()}"
+    except ValueError:
+        return str(path)
+
+
+def _inside_report(report: IngestReport, dump_name: str, dump_root: Path) -> IngestReport:
+    """The report with each issue's file named by its path inside the dump."""
+    report.issues = [replace(i, file=_inside(Path(i.file), dump_name, dump_root)) for i in report.issues]
+    return report
+
+
+def store_file_mode(store: Path) -> int:
+    """The permission bits new files of the store get: those of a file already in it, else the umask's."""
+    data = store / "Data"
+    if data.is_dir():
+        for user in sorted(data.iterdir()):
+            for file in sorted((user / "Trajectory").glob("*.plt"))[:1]:
+                return stat.S_IMODE(file.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def apply_merge(plan: MergePlan, store: Path) -> list[int]:
     """Copy a checked dump's new files into the store, each atomically (temp file + rename); returns the users.
 
+    New files get the store's permissions (:func:`store_file_mode`), not the temporary file's 0600.
     A crash part way leaves whole files only; running the same plan again copies what is missing.
     """
+    mode = store_file_mode(store)
     for entry in plan.new:
         target = store / entry.relative
         with atomic_path(target) as tmp:
             shutil.copyfile(entry.source, tmp)
+            os.chmod(tmp, mode)
     logger.info("%s: merged %d new files for users %s", plan.dump, len(plan.new), plan.users)
     return plan.users
 

@@ -16,7 +16,15 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from nextloc.dumps import DumpRejected, apply_merge, dump_fingerprint, list_dumps, plan_merge, unpack_dump
+from nextloc.dumps import (
+    DEFAULT_MAX_BAD_ROW_SHARE,
+    DumpRejected,
+    apply_merge,
+    dump_fingerprint,
+    list_dumps,
+    plan_merge,
+    unpack_dump,
+)
 from nextloc.storage import write_json, write_text
 
 APPLIED = "applied"
@@ -45,9 +53,16 @@ def read_manifest(raw_dir: str | Path) -> dict[str, Any]:
 
 @task(name="merge-new-dumps")
 def merge_new_dumps(
-    incoming_dir: str, raw_dir: str, staging_dir: str, min_age_s: float = 30.0
+    incoming_dir: str,
+    raw_dir: str,
+    staging_dir: str,
+    min_age_s: float = 30.0,
+    max_bad_row_share: float = DEFAULT_MAX_BAD_ROW_SHARE,
 ) -> dict[str, Any]:
     """Merge every new dump in ``incoming_dir`` into ``raw_dir``; returns what happened to each.
+
+    A dump with a file that has no valid row, or more than ``max_bad_row_share`` of its rows bad, is
+    quarantined whole (see :func:`nextloc.dumps.plan_merge`).
 
     Returns:
         ``{"dumps": [manifest entries of this run], "users": [users with new files], "files_new": n}``.
@@ -71,7 +86,7 @@ def merge_new_dumps(
         else:
             try:
                 root = unpack_dump(dump, staging)
-                plan = plan_merge(dump.name, root, store)
+                plan = plan_merge(dump.name, root, store, max_bad_row_share)
                 users = apply_merge(plan, store)
                 entry.update(
                     status="merged",

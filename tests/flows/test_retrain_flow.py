@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 import zipfile
 from pathlib import Path
 
@@ -65,6 +66,12 @@ def world(sample_dir, tmp_path_factory):
     broken = incoming / "2026-11-03-broken"
     (broken / "Data" / "011" / "Trajectory").mkdir(parents=True)
     (broken / "Data" / "011" / "Trajectory" / "20990101000000.plt").write_text("<html>503</html>\n")
+    # a valid header over garbage rows, beside a good new file: the whole dump must stay out of the store
+    good = sorted((store / "Data" / "011" / "Trajectory").glob("*.plt"))[0]
+    header = b"".join(good.read_bytes().splitlines(keepends=True)[:6])
+    with zipfile.ZipFile(incoming / "2026-11-04-garbage.zip", "w") as zf:
+        zf.writestr("export/Data/011/Trajectory/20990102000000.plt", header + b"x,y,z\n" * 5)
+        zf.writestr("export/Data/011/Trajectory/20990103000000.plt", good.read_bytes())
     before = {
         "store": sorted(p.relative_to(store) for p in store.rglob("*.plt")),
         "data": _stat(root / "data"),
@@ -110,7 +117,31 @@ def test_new_dump_merged_repeat_is_noop_broken_is_quarantined(world, retrained):
     assert len(after) == len(before["store"]) + WITHHELD
     assert not (store / "Data" / "011" / "Trajectory" / "20990101000000.plt").exists()
     manifest = json.loads((store / "dumps-manifest.json").read_text())
-    assert [d["status"] for d in manifest["dumps"]] == ["merged", "duplicate", "rejected"]
+    assert [d["status"] for d in manifest["dumps"]] == ["merged", "duplicate", "rejected", "rejected"]
+
+
+def test_a_dump_with_a_file_of_no_valid_row_is_quarantined_whole(world, retrained):
+    """A GeoLife header over garbage rows used to be merged ("3 rows skipped") and stay in the append-only
+    store for good; now the dump is quarantined with its good file, and the reason names the file by its
+    path inside the archive (not the deleted staging folder)."""
+    root, store, incoming, *_ = world
+    by_name = {d["name"]: d for d in retrained["merged"]["dumps"]}
+    rejected = by_name["2026-11-04-garbage.zip"]
+    assert rejected["status"] == "rejected"
+    reason = (incoming / "quarantine" / "2026-11-04-garbage.zip.reason.txt").read_text()
+    assert reason.startswith(
+        "2026-11-04-garbage.zip: export/Data/011/Trajectory/20990102000000.plt: no valid row"
+    )
+    assert "_dumps" not in reason
+    assert "staging" not in reason
+    for name in ("20990102000000.plt", "20990103000000.plt"):
+        assert not (store / "Data" / "011" / "Trajectory" / name).exists()
+
+
+def test_merged_files_keep_the_store_permissions(world, retrained):
+    _, store, *_ = world
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in store.rglob("*.plt")}
+    assert len(modes) == 1, modes  # the new days have the mode of the files already there
 
 
 def test_only_the_affected_user_was_recomputed(world, retrained, task_states):

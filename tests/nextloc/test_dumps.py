@@ -604,20 +604,66 @@ class TestPlanMerge:
         assert plan.users == [USER, 178]
 
     def test_bad_rows_inside_a_good_file_are_accepted_and_counted(self, tmp_path, sample_dir, store):
+        """Bad rows within the configured share: the file is merged, its bad rows counted."""
         dump = tmp_path / "dump"
         copies = add_user(dump, sample_dir, USER)
-        target = copies[6]  # not yet in the store
+        target = copies[6]  # not yet in the store; 6 rows
         lines = target.read_bytes().split(b"\n")
         lines[8] = b"abc," + lines[8].split(b",", 1)[1]  # non-numeric latitude
         lines[10] = b"99.5," + lines[10].split(b",", 1)[1]  # latitude out of range
         target.write_bytes(b"\n".join(lines))
-        plan = plan_merge("d", dump, store)
+        plan = plan_merge("d", dump, store, max_bad_row_share=0.5)  # 2 of 6 rows bad: 33%
         assert target in [f.source for f in plan.new]
         assert len(plan.new) == 3
         assert plan.report.rows_skipped == 2
         assert plan.report.counts["non_numeric"] == 1
         assert plan.report.counts["out_of_range"] == 1
         assert plan.report.files_skipped == 0
+
+    def test_more_bad_rows_than_the_share_rejects_the_dump_naming_the_file(self, tmp_path, sample_dir, store):
+        dump = tmp_path / "dump"
+        copies = add_user(dump, sample_dir, USER)
+        target = copies[6]  # 6 rows, 2 of them made bad: 33% > the default 5%
+        lines = target.read_bytes().split(b"\n")
+        lines[8] = b"abc," + lines[8].split(b",", 1)[1]
+        lines[10] = b"99.5," + lines[10].split(b",", 1)[1]
+        target.write_bytes(b"\n".join(lines))
+        before = tree(store)
+        relative = f"Data/087/Trajectory/{target.name}"
+        with pytest.raises(
+            DumpRejected, match=rf"^d: {re.escape(relative)}: 2 bad rows of 6 \(33\.3%, more than"
+        ):
+            plan_merge("d", dump, store)
+        assert tree(store) == before
+
+    @pytest.mark.parametrize("rows", ["garbage rows", "header only"])
+    def test_a_file_with_a_header_and_no_valid_row_rejects_the_dump(self, tmp_path, sample_dir, store, rows):
+        """A valid GeoLife header over garbage (or nothing) would enter the append-only store for good."""
+        dump = tmp_path / "dump"
+        copies = add_user(dump, sample_dir, USER)
+        header = b"".join(copies[0].read_bytes().splitlines(keepends=True)[:6])
+        body = b"not,a,row\n??\n" * 3 if rows == "garbage rows" else b""
+        bad = dump / "Data" / "087" / "Trajectory" / "20990101000000.plt"
+        bad.write_bytes(header + body)
+        with pytest.raises(DumpRejected) as err:
+            plan_merge("d", dump, store)
+        message = str(err.value)
+        assert "Data/087/Trajectory/20990101000000.plt" in message
+        assert "no valid row" in message or "do not parse" in message
+        assert str(tmp_path) not in message  # named inside the dump, not by a staging path
+
+    def test_rejections_name_the_path_inside_an_archive_not_the_staging_folder(
+        self, tmp_path, sample_dir, store
+    ):
+        members = dump_members(sample_dir, prefix="Geolife Trajectories 1.3/")
+        members["Geolife Trajectories 1.3/Data/087/Trajectory/20990101000000.plt"] = b"<html>503</html>\n"
+        archive = write_zip(tmp_path / "dump.zip", members)
+        root = unpack_dump(archive, tmp_path / "staging")
+        with pytest.raises(DumpRejected) as err:
+            plan_merge(archive.name, root, store)
+        message = str(err.value)
+        assert "dump.zip/Geolife Trajectories 1.3/Data/087/Trajectory/20990101000000.plt" in message
+        assert "staging" not in message
 
     def test_unpacked_archive_plans_and_merges(self, tmp_path, sample_dir, store):
         members = dump_members(sample_dir, prefix="Geolife Trajectories 1.3/")
@@ -678,6 +724,27 @@ class TestApplyMerge:
         again = plan_merge("d", tmp_path / "dump", store)
         assert again.new == []
         assert len(again.present) == 8 + 1 + 2
+
+    @pytest.mark.parametrize("mode", [0o664, 0o640])
+    def test_merged_files_get_the_store_permissions(self, store, plan, mode):
+        """Not the temporary file's 0600: a team's store stays readable by its group."""
+        for path in store.rglob("*.plt"):
+            path.chmod(mode)
+        apply_merge(plan, store)
+        for entry in plan.new:
+            assert stat.S_IMODE((store / entry.relative).stat().st_mode) == mode, entry.relative
+
+    def test_a_new_store_gets_the_umask_permissions(self, tmp_path, sample_dir):
+        dump = tmp_path / "dump"
+        add_user(dump, sample_dir, USER)
+        store = tmp_path / "new-store"
+        plan = plan_merge("d", dump, store)
+        old = os.umask(0o002)
+        try:
+            apply_merge(plan, store)
+        finally:
+            os.umask(old)
+        assert {stat.S_IMODE(p.stat().st_mode) for p in store.rglob("*.plt")} == {0o664}
 
     def test_an_empty_plan_changes_nothing(self, store):
         before = tree(store)
