@@ -296,7 +296,9 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
         raise ValueError("--raw-dir is required (or a --dataset profile naming its raw_dir)")
     _check_raw_dir(inputs["raw_dir"])
     from flows.preprocess import preprocess
+    from tasks.progress import quiet_task_runs_on_console
 
+    quiet_task_runs_on_console()
     result = preprocess(config=config, **inputs)
     _print_summary(result)
     return 0
@@ -311,7 +313,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     presets = profile.models if profile else {}
     train_presets = profile.train if profile else {}
     from flows.pipeline import preprocess_train
+    from tasks.progress import quiet_task_runs_on_console
 
+    quiet_task_runs_on_console()
     result = preprocess_train(
         **inputs,
         **{section: getattr(config, section) for section in PreprocessConfig.model_fields},
@@ -357,6 +361,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from prefect.task_runners import ProcessPoolTaskRunner
 
     from flows.train import train
+    from tasks.progress import quiet_task_runs_on_console
+
+    quiet_task_runs_on_console()
 
     models, seeds, neural, model_set, train_set = _train_plan(args)
     workers = max(1, args.workers)

@@ -30,6 +30,7 @@ from tasks.preprocess import (
     locate_staypoints_task,
     write_ingest_report,
 )
+from tasks.progress import track
 
 
 @flow(
@@ -192,9 +193,8 @@ def _run_mapped(
             todo.append(i)
     if todo:
         mapped = {k: (v if isinstance(v, unmapped) else [v[i] for i in todo]) for k, v in kwargs.items()}
-        for i, result in zip(
-            todo, task_fn.map(**{mapped_name: [items[i] for i in todo]}, **mapped).result(), strict=True
-        ):
+        futures = task_fn.map(**{mapped_name: [items[i] for i in todo]}, **mapped)
+        for i, result in zip(todo, track(futures, f"{task_fn.name} ({len(todo)} users)"), strict=True):
             results[i] = result
     for i in todo:
         if not _outputs_exist(results[i]):

@@ -18,6 +18,7 @@ from tasks import tracking
 from tasks.caching import Artifact, cached_result
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
+from tasks.progress import track
 from tasks.promotion import (
     DEFAULT_DECISION_METRIC,
     DEFAULT_MIN_EFFECT,
@@ -102,7 +103,10 @@ def train(
                 for i, (call, (hit, _)) in enumerate(zip(calls, cached, strict=True))
                 if not hit
             }
-            results = [futures[i].result() if i in futures else value for i, (_, value) in enumerate(cached)]
+            done = dict(
+                zip(futures, track(list(futures.values()), f"training ({len(futures)} runs)"), strict=True)
+            )
+            results = [done.get(i, value) for i, (_, value) in enumerate(cached)]
             logger.info("trainings: %d cached, %d run", len(calls) - len(futures), len(futures))
             board = leaderboard([(r["kind"], r["results"]) for r in results])
             decisions = {}
