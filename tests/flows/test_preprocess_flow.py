@@ -148,7 +148,9 @@ def test_a_direct_python_call_sends_no_telemetry(sample_dir, tmp_path):
         'if __name__ == "__main__":\n'
         f"    preprocess(raw_dir={str(sample_dir)!r}, data_dir={str(tmp_path / 'data')!r})\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in {"DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED"}}
+    env = {
+        k: v for k, v in os.environ.items() if k not in {"DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED"}
+    }
     env.pop("PREFECT_API_URL", None)  # its own temporary API, as a user's script gets
     env["PREFECT_HOME"] = str(tmp_path / ".prefect")
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
