@@ -68,8 +68,8 @@ services-stop:  ## stop what `make services` started (deployment server first)
 services-status:
 	$(BIN)/nextloc services status
 
-bench: install  ## cold and cached preprocessing on the full data, JSON on stdout
-	$(BIN)/python benchmarks/preprocess.py
+bench: install  ## every speed target against the reference (preprocess, the whole job, training): one JSON on stdout
+	$(BIN)/python benchmarks/all.py
 
 clean:
 	rm -rf .prefect data/geolife .pytest_cache .ruff_cache

@@ -7,7 +7,8 @@ peak RSS are its own. Prints one JSON object on stdout:
     python benchmarks/preprocess.py --skip-reference   # nextloc only (about 1 min)
 
 ``cold`` = empty data directory and task cache (the Prefect API database is warm); ``cached`` = the same
-command again. ``flow_wall_s`` is the flow alone, ``prefect_api_start_s`` the start of Prefect's temporary
+command again. ``command_cold``/``command_cached`` time the user's command itself, ``nextloc preprocess``
+(interpreter start, imports, Prefect's temporary API and the flow), on a fresh data directory. ``flow_wall_s`` is the flow alone, ``prefect_api_start_s`` the start of Prefect's temporary
 local API before it, and ``wall_s`` the whole process (interpreter start and imports included). The reference is ``benchmarks/reference_preprocess.py``: the published
 protocol written the reference's way (trackintel end to end, pandas row loops).
 """
@@ -71,6 +72,12 @@ def main() -> int:
     }
     results["nextloc_cold"] = _measure(worker, env)
     results["nextloc_cached"] = _measure(worker, env)
+    command_out = args.work_dir / "out-command"
+    shutil.rmtree(command_out, ignore_errors=True)
+    command = [str(Path(sys.executable).with_name("nextloc")), "preprocess", "--raw-dir", str(raw)]
+    command += ["--data-dir", str(command_out)]
+    results["command_cold"] = _measure(command, env)
+    results["command_cached"] = _measure(command, env)
     meta = json.loads((data_dir / "metadata.json").read_text())
     results["dataset"] = {k: meta[k] for k in ("n_users", "total_loc_num", "n_staypoints", "n_samples")}
     if not args.skip_reference:
@@ -82,6 +89,7 @@ def main() -> int:
         results["ratio"] = {
             "cold_speedup_wall": round(ref_wall / results["nextloc_cold"]["wall_s"], 2),
             "cached_speedup_wall": round(ref_wall / results["nextloc_cached"]["wall_s"], 2),
+            "command_cold_speedup_wall": round(ref_wall / results["command_cold"]["wall_s"], 2),
             "peak_rss_ratio": round(
                 results["reference"]["peak_rss_mb"] / results["nextloc_cold"]["peak_rss_mb"], 2
             ),
@@ -122,14 +130,14 @@ sys.exit(proc.returncode)
 """
 
 
-def _measure(cmd: list[str], env: dict[str, str]) -> dict:
+def _measure(cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> dict:
     """Wall time, CPU time and peak RSS of one command, measured by a wrapper process of its own."""
     with tempfile.NamedTemporaryFile(suffix=".json") as usage_file:
         start = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-c", _WRAPPER, usage_file.name, *cmd],
             env=env,
-            cwd=REPO,
+            cwd=cwd,
             capture_output=True,
             text=True,
         )
