@@ -334,7 +334,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _print_summary(result)
     _print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
     for kind, decision in result["promotion"].items():
-        log.info("%s champion: %s", kind, decision["reason"])
+        log.info("%s champion: %s", kind, decision.get("decision") or decision["reason"])
     return 0
 
 

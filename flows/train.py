@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -70,14 +71,10 @@ def train(
         data = dataset_ref(data_dir)
         tracking_cfg = TrackingConfig(tracking_uri, experiment)
         experiment_id = tracking.configure(tracking_uri, experiment)
-        parent_tags = {
-            "prefect.flow_run_id": str(flow_run.get_id() or ""),
-            "data_fingerprint": data.fingerprint,
-        }
+        parent_tags = {"data_fingerprint": data.fingerprint, **_prefect_tags()}
         parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
-        with tracking.parent_run(
-            experiment_id, f"pipeline {flow_run.get_name() or ''}".strip(), parent_tags, parent_params
-        ) as parent_id:
+        name = tracking.parent_run_name(datetime.now(UTC), models)
+        with tracking.parent_run(experiment_id, name, parent_tags, parent_params) as parent_id:
             cache = Catalog(data.data_dir).cache
             task = train_model_task.with_options(result_storage=cache)
             calls = [
@@ -139,6 +136,25 @@ def train(
             "data": data,
             "experiment_id": experiment_id,
         }
+
+
+def _prefect_tags() -> dict[str, str]:
+    """The Prefect flow run behind the parent run: ids, name and UI links (the root flow run too, e.g. the
+    ``preprocess-train`` run that holds the summary artifact, when this flow runs inside it)."""
+    from prefect.utilities.urls import url_for
+
+    run_id = flow_run.get_id()
+    if not run_id:
+        return {}
+    tags = {"prefect.flow_run_id": str(run_id), "prefect.flow_run_name": str(flow_run.get_name() or "")}
+    root_id = str(flow_run.get_root_flow_run_id() or run_id)
+    if root_id != str(run_id):
+        tags["prefect.root_flow_run_id"] = root_id
+    for key, value in (("prefect.flow_run_url", run_id), ("prefect.root_flow_run_url", root_id)):
+        url = url_for("flow-run", obj_id=value)
+        if url and (key == "prefect.flow_run_url" or root_id != str(run_id)):
+            tags[key] = url
+    return tags
 
 
 def dataset_ref(data_dir: str) -> DataRef:

@@ -82,8 +82,13 @@ def render_summary(
         f"- ingest: {preprocessed['ingest']['rows_skipped']} rows and "
         f"{preprocessed['ingest']['files_skipped']} files skipped (see `ingest_report.json`)",
         f"- MLflow parent run {link(trained['parent_run_id'])}",
-        "",
     ]
+    if ui_url:
+        lines.append(
+            f"- compare the models: [MLflow runs, {tracking.COMPARISON_VIEW_NAME} view]"
+            f"({tracking.comparison_url(ui_url, experiment_id)})"
+        )
+    lines.append("")
     board = trained["leaderboard"]
     order = rank_board(board, HEADLINE)
     families = (
@@ -112,8 +117,9 @@ def render_summary(
     if trained.get("promotion"):
         lines += ["", "Champion (`champion` alias; the one champion rule, see the README):", ""]
         for kind, decision in trained["promotion"].items():
-            verdict = "promoted" if decision.get("promoted") else "kept"
-            lines.append(f"- `{tracking.registered_name(kind)}`: **{verdict}**: {decision.get('reason', '')}")
+            text = decision.get("decision") or tracking.decision_text(kind, decision)
+            verdict, _, rest = text.partition(": ")
+            lines.append(f"- `{tracking.registered_name(kind)}`: **{verdict}**: {rest}")
             for group, values in (decision.get("groups") or {}).items():
                 lines.append(f"  - users {group}: {values['n']} samples, delta {values['delta']:+.2f}")
     return "\n".join(lines) + "\n"

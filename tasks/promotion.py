@@ -32,14 +32,17 @@ from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
 from tasks.catalog import Catalog
 from tasks.evaluate import load_scorer
-from tasks.train import DataRef, TrackingConfig, mlflow_name
+from tasks.tracking import mlflow_name, selected_name
+from tasks.train import DataRef, TrackingConfig
 
-# validation metrics that choose a kind's version among seeds; per-sample test metrics that decide
-SELECT_METRICS = tuple(f"best_val_{key}" for key in (*PLACE_KEYS, *REFERENCE_KEYS))
+# validation metrics of the selected model that choose a kind's version among seeds (MLflow name -> key in
+# results.json's ``val``); per-sample test metrics that decide
+SELECT_KEYS = {selected_name(key): key for key in (*PLACE_KEYS, *REFERENCE_KEYS)}
+SELECT_METRICS = tuple(SELECT_KEYS)
 DECISION_METRICS = tuple(key for key in (*PLACE_KEYS, *REFERENCE_KEYS) if not key.endswith("f1"))
 SelectMetric = Literal[SELECT_METRICS]  # type: ignore[valid-type]
 DecisionMetric = Literal[DECISION_METRICS]  # type: ignore[valid-type]
-DEFAULT_PROMOTE_METRIC = "best_val_place_mrr"
+DEFAULT_PROMOTE_METRIC = selected_name("place_mrr")
 DEFAULT_DECISION_METRIC = "place_mrr"
 DEFAULT_MIN_EFFECT = 0.5  # points of the decision metric
 DEFAULT_ALPHA = 0.05
@@ -75,7 +78,7 @@ def champion_challenger(
     mine = [r for r in runs if r["kind"] == kind and r["results"].get("registered_version")]
     if not mine:
         return {"promoted": False, "reason": f"no registered {kind} version in this run"}
-    val_key = select_metric.removeprefix("best_val_")
+    val_key = SELECT_KEYS[select_metric]
     challenger = max(mine, key=lambda r: (r["results"]["val"].get(val_key, float("-inf")), -r["seed"]))
     catalog = Catalog(data.data_dir)
     outcomes = np.stack(
@@ -98,7 +101,12 @@ def champion_challenger(
     if champion is None:
         decision = {**head, **champion_decision(outcomes, None)}
     elif str(champion.version) == head["challenger_version"]:
-        decision = {**head, "promoted": False, "reason": "the challenger already is the champion (cached)"}
+        decision = {
+            **head,
+            "champion_version": str(champion.version),
+            "promoted": False,
+            "reason": "the challenger already is the champion (cached)",
+        }
     else:
         scored = _score_champion(kind, champion, data, decision_metric, match_radius_m, tracking_cfg)
         head.update(champion_version=str(champion.version), champion_run_id=champion.run_id, **scored["how"])
@@ -111,6 +119,7 @@ def champion_challenger(
             }
     if decision["promoted"]:
         client.set_registered_model_alias(name, tracking.CHAMPION, decision["challenger_version"])
+    decision["decision"] = tracking.decision_text(kind, decision)  # the one sentence every surface shows
     _record(client, parent_run_id, kind, decision)
     logger.info("%s: %s -> %s", name, decision["reason"], "promoted" if decision["promoted"] else "kept")
     return decision
@@ -168,7 +177,8 @@ def _score_champion(
 
 def _record(client, parent_run_id: str, kind: str, decision: dict[str, Any]) -> None:
     """Scores and test statistics as parent-run metrics, the decision as tags (parent run, challenger run
-    and registry version) and the whole decision as a JSON artifact."""
+    and registry version: ``champion_decision``; a champion that stays also gets ``champion_kept``) and the
+    whole decision as a JSON artifact."""
     prefix = f"champion_challenger.{kind}"
     metric = mlflow_name(decision.get("metric", "").removeprefix("test "))
     values = {
@@ -180,18 +190,18 @@ def _record(client, parent_run_id: str, kind: str, decision: dict[str, Any]) -> 
     for key, value in values.items():
         if value is not None:
             client.log_metric(parent_run_id, key, float(value))
-    verdict = "promoted" if decision["promoted"] else "kept"
-    client.set_tag(parent_run_id, f"{prefix}.decision", verdict)
+    text = decision["decision"]
+    client.set_tag(parent_run_id, f"{prefix}.decision", "promoted" if decision["promoted"] else "kept")
     client.set_tag(parent_run_id, f"{prefix}.reason", decision["reason"][:500])
     tracking.log_dict_artifact(parent_run_id, decision, f"champion_challenger_{kind}.json")
+    if decision.get("champion_version") == decision.get("challenger_version"):
+        return  # a rerun of the same trainings: the run and version keep the decision that made the champion
     if decision.get("challenger_run_id"):
-        client.set_tag(
-            decision["challenger_run_id"], "champion_challenger", f"{verdict}: {decision['reason']}"[:500]
-        )
+        client.set_tag(decision["challenger_run_id"], "champion_decision", text[:500])
+    name = tracking.registered_name(kind)
     if decision.get("challenger_version"):
-        client.set_model_version_tag(
-            tracking.registered_name(kind),
-            decision["challenger_version"],
-            "champion_decision",
-            f"{verdict}: {decision['reason']}"[:500],
-        )
+        client.set_model_version_tag(name, decision["challenger_version"], "champion_decision", text[:500])
+    holder = decision.get("champion_version")
+    if holder and not decision["promoted"]:
+        # the champion that stays says why, next to the decision that made it champion
+        client.set_model_version_tag(name, holder, "champion_kept", text[:500])

@@ -13,6 +13,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,52 @@ from mlflow.entities import Metric
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
+from nextloc.evaluate import format_summary, rank_board
+from nextloc.metrics import HEADLINE
 from nextloc.serving import BUNDLE_ARTIFACT
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "nextloc-geolife"
 CHAMPION = "champion"
+
+# How the MLflow UI (3.17) shows the experiment. Its kind tag says "model training" (not a GenAI app); the UI
+# itself opens an experiment on the runs only with ``?workflowType=machine_learning`` in the URL (or once the
+# user picked "Model training" in its sidebar, which it remembers). It has no server-side default for the
+# runs table's columns, but it has saved views: an experiment tag ``mlflow.sharedViewState.<key>`` holding
+# the table's state, listed in the runs page's view menu and opened by ``?viewStateShareKey=<key>``.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+DESCRIPTION_TAG = "mlflow.note.content"  # the UI's description of an experiment, run or model
+SAVED_VIEW_TAG = "mlflow.sharedViewState."
+COMPARISON_VIEW = "nextloc-comparison"
+COMPARISON_VIEW_NAME = "Model comparison"
+SELECTED_EPOCH = "selected_epoch"
+
+
+def mlflow_name(key: str) -> str:
+    """MLflow metric names cannot hold '@': ``acc@1`` -> ``acc_at_1``."""
+    return key.replace("@", "_at_")
+
+
+def selected_name(key: str) -> str:
+    """The MLflow name of a validation metric of the model selected on validation (at ``selected_epoch``):
+    ``place_mrr`` -> ``val_place_mrr_at_selected``."""
+    return f"val_{mlflow_name(key)}_at_selected"
+
+
+# the runs table of the comparison view: test place and reference metrics, P(new place) AUC, selected epoch
+COMPARISON_METRICS = (
+    *(f"test_{mlflow_name(key)}" for key in (HEADLINE, "place_mrr", "acc@1", "mrr", "new_place_auc")),
+    SELECTED_EPOCH,
+)
+EXPERIMENT_DESCRIPTION = f"""nextloc model training: one parent run per training (named by date and models; \
+per model kind the mean and standard deviation over seeds of every test metric, `<kind>.test_<metric>_mean` / \
+`_std`, the leaderboard and the champion decisions) and one child run per model and seed (`<kind> s<seed>`).
+
+Compare models: the **{COMPARISON_VIEW_NAME}** view (the view menu at the top right of *Runs*) lists every \
+model run, best test place Acc@1 first, with the test metrics and the selected epoch as columns; tick runs \
+and press *Compare*. Registered models: *Model registry* (`nextloc-<kind>`; the `champion` alias)."""
 
 
 def default_tracking_uri(root: Path | None = None) -> str:
@@ -46,15 +87,56 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
     mlflow.set_registry_uri(uri)
     client = MlflowClient()
     exp = client.get_experiment_by_name(experiment)
-    if exp is not None:
-        return exp.experiment_id
-    artifact_location = None
-    if uri.startswith("sqlite:///"):
-        artifact_location = (Path(uri[len("sqlite:///") :]).parent / "artifacts").resolve().as_uri()
-    try:
-        return client.create_experiment(experiment, artifact_location=artifact_location)
-    except mlflow.exceptions.MlflowException:  # created concurrently
-        return client.get_experiment_by_name(experiment).experiment_id
+    if exp is None:
+        artifact_location = None
+        if uri.startswith("sqlite:///"):
+            artifact_location = (Path(uri[len("sqlite:///") :]).parent / "artifacts").resolve().as_uri()
+        with contextlib.suppress(mlflow.exceptions.MlflowException):  # created concurrently
+            client.create_experiment(experiment, artifact_location=artifact_location)
+        exp = client.get_experiment_by_name(experiment)
+    _present_experiment(client, exp.experiment_id, exp.tags)
+    return exp.experiment_id
+
+
+def comparison_view_state() -> dict[str, Any]:
+    """The runs table of the comparison view: every model run flat (sorting by a metric un-nests the children
+    under their parent), best test place Acc@1 first, the test metrics and the selected epoch as columns,
+    and the registered model version of each run."""
+    metrics = [f"metrics.`{name}`" for name in COMPARISON_METRICS]
+    run_name, models = "attributes.`Run Name`", "attributes.`Models`"
+    return {
+        "selectedColumns": [*metrics, models],
+        # column ids of the UI's table: the run name, the metrics in this order, the registered version, then
+        # the UI's own "Created" and "Duration"
+        "columnOrder": [run_name, *metrics, models, "runDateAndNestInfo", "duration"],
+        "columnWidths": {run_name: 250},
+        "orderByKey": metrics[0],
+        "orderByAsc": False,
+        "runsHiddenMode": "SHOW_ALL",
+    }
+
+
+def comparison_url(ui_url: str, experiment_id: str) -> str:
+    """The MLflow UI's runs page of the experiment, opened on the comparison view."""
+    return (
+        f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
+        f"?workflowType=machine_learning&viewStateShareKey={COMPARISON_VIEW}"
+    )
+
+
+def _present_experiment(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> None:
+    """Tag the experiment for the MLflow UI (kind, description, the comparison view); a description or view
+    the user changed in the UI is kept."""
+    wanted = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, DESCRIPTION_TAG: EXPERIMENT_DESCRIPTION}
+    view_key = SAVED_VIEW_TAG + COMPARISON_VIEW
+    if view_key not in tags:
+        now = int(time.time() * 1000)
+        state = json.dumps(comparison_view_state())
+        envelope = {"name": COMPARISON_VIEW_NAME, "createdAt": now, "updatedAt": now, "state": state}
+        wanted[view_key] = json.dumps(envelope)
+    for key, value in wanted.items():
+        if key not in tags:
+            client.set_experiment_tag(experiment_id, key, value)
 
 
 def log_input(dataset: Any, context: str, attempts: int = 5) -> None:
@@ -167,12 +249,54 @@ def download_bundle(model_uri: str, dst: Path) -> Path:
     return local
 
 
+def parent_run_name(started: datetime, models: list[str]) -> str:
+    """A parent run's name: when (UTC, to the minute) and which models, e.g. ``2026-11-23 21:40 markov, mhsa``."""
+    return f"{started:%Y-%m-%d %H:%M} {', '.join(dict.fromkeys(models))}"
+
+
+def child_run_name(kind: str, seed: int) -> str:
+    """A model run's name, short enough for the runs table: ``pointer_plus s0``."""
+    return f"{kind} s{seed}"
+
+
+VERSION_SCORES = (HEADLINE, "place_mrr", "acc@1", "mrr")
+
+
+def describe_version(
+    kind: str, version: str, seed: int, data_fingerprint: str, results: dict[str, Any]
+) -> None:
+    """Tag and describe a registered version so the registry tells versions apart: model kind, seed, data
+    fingerprint, test scores, the validation score the champion rule selects seeds by, and the selected epoch.
+    (The champion decision is added by :mod:`tasks.promotion`.)"""
+    client = MlflowClient()
+    name = registered_name(kind)
+    val = results.get("val", {})
+    tags = {
+        "model": kind,
+        "seed": str(seed),
+        "data_fingerprint": data_fingerprint,
+        **{f"test_{mlflow_name(key)}": f"{results[key]:.2f}" for key in VERSION_SCORES if key in results},
+        **{selected_name(key): f"{val[key]:.2f}" for key in VERSION_SCORES if key in val},
+    }
+    if results.get(SELECTED_EPOCH) is not None:
+        tags[SELECTED_EPOCH] = str(results[SELECTED_EPOCH])
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    scores = ", ".join(f"{key} {results[key]:.2f}" for key in VERSION_SCORES if key in results)
+    client.update_model_version(
+        name, version, description=f"{kind} seed {seed}, data {data_fingerprint[:12]}: test {scores} (%)"
+    )
+
+
 @contextlib.contextmanager
 def parent_run(experiment_id: str, name: str, tags: dict[str, str], params: dict[str, str]) -> Iterator[str]:
     """The parent run of a training flow run (kind ``pipeline``): yields its id; FINISHED on success, FAILED
-    on any exception (which propagates)."""
+    on any exception (which propagates). Its description links the Prefect flow run (tags
+    ``prefect.flow_run_url`` / ``prefect.root_flow_run_url``, when a Prefect UI is known)."""
     client = MlflowClient()
-    run = client.create_run(experiment_id, run_name=name, tags={**tags, "kind": "pipeline"})
+    description = _prefect_links(tags)
+    run_tags = {**tags, "kind": "pipeline", **({DESCRIPTION_TAG: description} if description else {})}
+    run = client.create_run(experiment_id, run_name=name, tags=run_tags)
     run_id = run.info.run_id
     for key, value in params.items():
         client.log_param(run_id, key, value)
@@ -184,12 +308,45 @@ def parent_run(experiment_id: str, name: str, tags: dict[str, str], params: dict
     client.set_terminated(run_id, "FINISHED")
 
 
+def _prefect_links(tags: dict[str, str]) -> str:
+    """Markdown links to the Prefect flow runs named in ``tags`` (empty when there is no flow run)."""
+    lines = []
+    if tags.get("prefect.root_flow_run_url"):
+        lines.append(
+            f"Prefect flow run: [{tags['prefect.root_flow_run_id']}]({tags['prefect.root_flow_run_url']})"
+        )
+    if tags.get("prefect.flow_run_id"):
+        run = f"`{tags.get('prefect.flow_run_name') or tags['prefect.flow_run_id']}`"
+        if tags.get("prefect.flow_run_url"):
+            run = f"[{run}]({tags['prefect.flow_run_url']})"
+        lines.append(f"Prefect training flow run: {run}")
+    return "\n\n".join(lines)
+
+
+def decision_text(kind: str, decision: dict[str, Any]) -> str:
+    """One sentence for a champion decision, the same on the parent run, the challenger's run, its registry
+    version and in ``leaderboard.json``: ``promoted: v2 (seed 1) is the champion of nextloc-mhsa (...)``."""
+    name = registered_name(kind)
+    version = decision.get("challenger_version")
+    if not version:
+        return f"kept: {decision.get('reason', '')}"
+    seed = decision.get("challenger_seed")
+    who = f"v{version}" + (f" (seed {seed})" if seed is not None else "")
+    if decision.get("promoted"):
+        return f"promoted: {who} is the champion of {name} ({decision.get('reason', '')})"
+    holder = decision.get("champion_version", version)
+    if holder == version:
+        return f"kept: {who} already is the champion of {name} ({decision.get('reason', '')})"
+    return f"kept: v{holder} stays the champion of {name}; challenger {who}: {decision.get('reason', '')}"
+
+
 def log_leaderboard(
     parent_run_id: str, board: dict[str, Any], runs: list[dict[str, Any]], promotion: dict[str, Any]
 ) -> None:
-    """The leaderboard on the parent run: ``leaderboard.json`` (with the runs and the champion decisions) and,
-    per model kind, the mean and standard deviation over seeds of every test metric
-    (``<kind>.test_<metric>_mean`` / ``_std``)."""
+    """The leaderboard on the parent run: ``leaderboard.json`` (with the runs and the champion decisions, each
+    with its ``decision`` sentence), per model kind the mean and standard deviation over seeds of every test
+    metric (``<kind>.test_<metric>_mean`` / ``_std``), and the leaderboard as the run's description."""
+    promotion = {kind: {"decision": decision_text(kind, d), **d} for kind, d in promotion.items()}
     log_dict_artifact(
         parent_run_id, {"leaderboard": board, "promotion": promotion, "runs": runs}, "leaderboard.json"
     )
@@ -199,7 +356,32 @@ def log_leaderboard(
         for key, summary in row.items():
             for stat in ("mean", "std"):
                 if summary[stat] == summary[stat]:  # NaN is not logged
-                    name = f"{kind}.test_{key.replace('@', '_at_')}_{stat}"
+                    name = f"{kind}.test_{mlflow_name(key)}_{stat}"
                     metrics.append(Metric(name, float(summary[stat]), now, 0))
+    client = MlflowClient()
     for start in range(0, len(metrics), 1000):  # MLflow's batch limit
-        MlflowClient().log_batch(parent_run_id, metrics=metrics[start : start + 1000])
+        client.log_batch(parent_run_id, metrics=metrics[start : start + 1000])
+    links = client.get_run(parent_run_id).data.tags.get(DESCRIPTION_TAG, "")
+    client.set_tag(parent_run_id, DESCRIPTION_TAG, leaderboard_markdown(board, promotion, links))
+
+
+def leaderboard_markdown(board: dict[str, Any], promotion: dict[str, Any], preface: str = "") -> str:
+    """The parent run's description: test leaderboard (mean ± std over seeds, best place Acc@1 first), the
+    champion decisions, then ``preface`` (the Prefect links)."""
+    keys = (HEADLINE, "place_mrr", "acc@1", "mrr")
+    lines = [
+        "**Test leaderboard**, mean ± std over seeds (%; metrics `<kind>.test_<metric>_mean` / `_std`)",
+        "",
+        "| model | seeds | " + " | ".join(keys) + " |",
+        "|---|---|" + "---|" * len(keys),
+    ]
+    for kind in rank_board(board, HEADLINE):
+        row = board[kind]
+        cells = " | ".join(format_summary(row.get(key)) for key in keys)
+        lines.append(f"| {kind} | {row[HEADLINE]['n']} | {cells} |")
+    if promotion:
+        lines += ["", "**Champions** (`champion` alias):", ""]
+        lines += [f"- `{registered_name(kind)}`: {d['decision']}" for kind, d in promotion.items()]
+    if preface:
+        lines += ["", preface]
+    return "\n".join(lines)

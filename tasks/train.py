@@ -31,6 +31,7 @@ from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.catalog import Catalog
 from tasks.plots import plot_per_user, plot_training_curves
+from tasks.tracking import SELECTED_EPOCH, mlflow_name, selected_name
 
 NEURAL = (
     "mhsa",
@@ -65,11 +66,6 @@ class TrackingConfig:
 
     tracking_uri: str | None = None
     experiment: str = tracking.DEFAULT_EXPERIMENT
-
-
-def mlflow_name(key: str) -> str:
-    """MLflow metric names cannot hold '@': ``acc@1`` -> ``acc_at_1``."""
-    return key.replace("@", "_at_")
 
 
 @task(
@@ -114,8 +110,10 @@ def train_model_task(
         tags["mlflow.parentRunId"] = parent_run_id
     catalog = Catalog(data.data_dir)
     run_dir = catalog.run_dir(kind, seed)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"{kind}-seed{seed}", tags=tags) as run:
-        tracking.log_input(_dataset(data), context="training")
+    run_name = tracking.child_run_name(kind, seed)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
+        for split, context in (("train", "training"), ("val", "validation"), ("test", "testing")):
+            tracking.log_input(_dataset(data, split), context=context)
         started = time.perf_counter()
         if kind in NEURAL:
             result = _train_neural(
@@ -146,7 +144,7 @@ def train_model_task(
             **{k: evaluation.test[k] for k in RESULT_KEYS},
             "n_test": evaluation.test["n"],
             "n_params": result["n_params"],
-            "best_epoch": result["best_epoch"],
+            SELECTED_EPOCH: result["selected_epoch"],
             "refit_on_train_val": result["selection_model"] is not None,
             "val": evaluation.val,
             "target_in_history": evaluation.target_in_history,
@@ -164,10 +162,11 @@ def train_model_task(
                 tracking.log_file_artifact(run.info.run_id, catalog.vocabulary(vocab), "vocabulary")
         model_uri, version = _log_bundle(kind, result["model"], meta, evaluation, catalog)
         results_json.update({"model_uri": model_uri, "registered_version": version})
+        tracking.describe_version(kind, version, seed, data.fingerprint, results_json)
         write_json(results_json, run_dir / "results.json")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
     logger.info(
-        "%s seed %d: test place acc@1 %.2f place mrr %.2f new-place AUC %.1f (acc@1 %.2f mrr %.2f; best epoch %s)",
+        "%s seed %d: test place acc@1 %.2f place mrr %.2f new-place AUC %.1f (acc@1 %.2f mrr %.2f; selected epoch %s)",
         kind,
         seed,
         evaluation.test["place_acc@1"],
@@ -175,7 +174,7 @@ def train_model_task(
         evaluation.test.get("new_place_auc", float("nan")),
         evaluation.test["acc@1"],
         evaluation.test["mrr"],
-        result["best_epoch"],
+        result["selected_epoch"],
     )
     return {"kind": kind, "seed": seed, "run_id": run.info.run_id, "results": results_json}
 
@@ -207,7 +206,7 @@ def _train_neural(
         )
         selection, refit, runs = members[0], None, members
         params = {"ensemble.member_kind": member_kind, "ensemble.size": size}
-        params["ensemble.member_best_epochs"] = ",".join(str(r.best_epoch) for r in members)
+        params["ensemble.member_selected_epochs"] = ",".join(str(r.best_epoch) for r in members)
     else:
         selection, refit = fit_model(
             build,
@@ -232,7 +231,7 @@ def _train_neural(
         "model": model,
         "selection_model": selection.model if refit else None,
         "history": selection.history,
-        "best_epoch": selection.best_epoch,
+        "selected_epoch": selection.best_epoch,
         "params": params,
         "n_params": count_parameters(model),
         "timing": timing,
@@ -269,7 +268,7 @@ def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
         "model": BaselineModule(baseline),
         "selection_model": None,
         "history": [],
-        "best_epoch": None,
+        "selected_epoch": None,
         "params": {},
         "n_params": 0,
         "timing": {},
@@ -278,12 +277,15 @@ def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
 
 
 def _flat_metrics(result: dict[str, Any], evaluation: Evaluation) -> dict[str, float]:
-    """Everything logged once per run: ``test_*``, ``best_val_*`` (the model chosen on validation), timing."""
+    """Everything logged once per run: ``test_*``; ``val_*_at_selected``, the validation metrics of the model
+    chosen on validation (at ``selected_epoch``, the epoch the recipe's monitor chose: not necessarily the
+    epoch where each metric peaked); ``best_val_loss``, the lowest validation loss of any epoch; timing."""
     flat = {f"test_{k}": v for k, v in evaluation.test.items() if k != "n"}
-    flat.update({f"best_val_{k}": v for k, v in evaluation.val.items() if k != "n"})
+    flat.update({selected_name(k): v for k, v in evaluation.val.items() if k != "n"})
     flat["test_target_in_history"] = evaluation.target_in_history
-    if result["best_epoch"] is not None:
-        flat["best_epoch"] = float(result["best_epoch"])
+    if result["selected_epoch"] is not None:
+        flat[SELECTED_EPOCH] = float(result["selected_epoch"])
+        flat[selected_name("loss")] = result["history"][result["selected_epoch"] - 1]["val_loss"]
         flat["best_val_loss"] = min(r["val_loss"] for r in result["history"])
     flat.update({k: float(v) for k, v in result["timing"].items()})
     flat["n_params"] = float(result["n_params"])
@@ -309,14 +311,18 @@ def _log_artifacts(run_id: str, run_dir: Path, result, evaluation: Evaluation, k
         tracking.log_file_artifact(run_id, run_dir / name)
 
 
-def _dataset(data: DataRef):
-    """Dataset lineage for ``mlflow.log_input``: the samples folder and their content fingerprint."""
+def _dataset(data: DataRef, split: str):
+    """Dataset lineage for ``mlflow.log_input``: one split's samples file, named ``<data folder>-<split>``,
+    with its content fingerprint as digest."""
     from mlflow.data.dataset_source_registry import get_registered_sources
     from mlflow.data.meta_dataset import MetaDataset
 
     local = next(s for s in get_registered_sources() if s._get_source_type() == "local")
-    source = local(str(Path(data.samples["train"].path).parent.resolve()))
-    return MetaDataset(source=source, name="geolife-samples", digest=data.fingerprint[:32])
+    artifact = data.samples[split]
+    source = local(str(Path(artifact.path).resolve()))
+    return MetaDataset(
+        source=source, name=f"{Path(data.data_dir).name}-{split}", digest=artifact.fingerprint[:32]
+    )
 
 
 def _requirements() -> list[str]:

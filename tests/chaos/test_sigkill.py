@@ -40,7 +40,18 @@ LONG_TRAINING = [
     "--train-set",
     "patience=1000",
 ]
-RESULT_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n_test", "n_params", "best_epoch", "val")
+RESULT_KEYS = (
+    "acc@1",
+    "acc@5",
+    "acc@10",
+    "mrr",
+    "ndcg@10",
+    "f1",
+    "n_test",
+    "n_params",
+    "selected_epoch",
+    "val",
+)
 
 
 def _env(project: Path) -> dict[str, str]:

@@ -73,12 +73,27 @@ def test_mlflow_runs_params_metrics_models(trained):
     pointer = next(r for r in children if r.data.tags["model"] == "pointer_plus")
     assert pointer.data.params["train.recipe"] == "pointer"
     assert "model.d_model" in pointer.data.params
-    for key in ("test_acc_at_1", "test_mrr", "best_val_acc_at_1", "best_epoch", "n_params"):
+    for key in ("test_acc_at_1", "test_mrr", "val_acc_at_1_at_selected", "selected_epoch", "n_params"):
         assert key in pointer.data.metrics
-    for key in ("test_place_acc_at_1", "test_place_mrr", "test_new_place_brier", "best_val_place_mrr"):
+    for key in ("test_place_acc_at_1", "test_place_mrr", "test_new_place_brier", "val_place_mrr_at_selected"):
         assert key in pointer.data.metrics
     history = client.get_metric_history(pointer.info.run_id, "val_loss")
     assert [m.step for m in history] == [1, 2]
+    # honest names: the validation metrics of the selected epoch, and the lowest validation loss of any epoch
+    selected = int(pointer.data.metrics["selected_epoch"])
+    place_mrr = {m.step: m.value for m in client.get_metric_history(pointer.info.run_id, "val_place_mrr")}
+    assert pointer.data.metrics["val_place_mrr_at_selected"] == pytest.approx(place_mrr[selected], abs=1e-6)
+    assert pointer.data.metrics["val_loss_at_selected"] == pytest.approx(history[selected - 1].value)
+    assert pointer.data.metrics["best_val_loss"] == pytest.approx(min(m.value for m in history))
+    assert not [k for k in pointer.data.metrics if k.startswith("best_val_") and k != "best_val_loss"]
+    assert {r.info.run_name for r in children} == {
+        f"{k} s{s}" for k in ("markov", "mhsa", "pointer_plus") for s in (0, 1)
+    }
+    contexts = {
+        (d.dataset.name, next(t.value for t in d.tags if t.key == "mlflow.data.context"))
+        for d in pointer.inputs.dataset_inputs
+    }
+    assert contexts == {("data-train", "training"), ("data-val", "validation"), ("data-test", "testing")}
     artifacts = {a.path for a in client.list_artifacts(pointer.info.run_id)}
     assert {
         "training_curves.png",
@@ -98,12 +113,23 @@ def test_mlflow_runs_params_metrics_models(trained):
         assert len(versions) == 2
         champion = client.get_model_version_by_alias(name, "champion")
         scores = {
-            v.version: (client.get_run(v.run_id).data.metrics["best_val_place_mrr"], -int(v.version))
+            v.version: (client.get_run(v.run_id).data.metrics["val_place_mrr_at_selected"], -int(v.version))
             for v in versions
         }
         assert champion.version == max(scores, key=scores.get)
         assert result["promotion"][kind]["reason"] == "no champion yet"
-        assert "champion_decision" in client.get_model_version(name, champion.version).tags
+        version = client.get_model_version(name, champion.version)
+        story = version.tags["champion_decision"]
+        assert story.startswith(f"promoted: v{champion.version} (seed ")
+        assert client.get_run(champion.run_id).data.tags["champion_decision"] == story
+        seed = int(client.get_run(champion.run_id).data.tags["seed"])
+        assert version.tags["seed"] == str(seed)
+        assert version.tags["model"] == kind
+        assert version.tags["data_fingerprint"] == result["data"].fingerprint
+        assert float(version.tags["test_place_acc_at_1"]) == pytest.approx(
+            client.get_run(champion.run_id).data.metrics["test_place_acc_at_1"], abs=0.005
+        )
+        assert version.description.startswith(f"{kind} seed {seed}, data ")
 
 
 def test_rerun_reuses_cached_training(trained):
@@ -190,3 +216,37 @@ def test_compare_leads_with_place_metrics(trained):
     assert place < new < reference
     for kind in ("markov", "mhsa", "pointer_plus"):
         assert kind in out
+
+
+def test_experiment_and_parent_run_tell_the_comparison(trained):
+    """The experiment is a model-training one with the comparison view; the parent run is named by date and
+    models, describes the leaderboard and champions, and leaderboard.json tells the same champion story."""
+    import re
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+
+    _, uri, result, _ = trained
+    tracking.configure(uri, "test")
+    client = MlflowClient()
+    tags = client.get_experiment_by_name("test").tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags["mlflow.sharedViewState.nextloc-comparison"])
+    assert view["name"] == "Model comparison"
+    state = json.loads(view["state"])
+    assert state["orderByKey"] == "metrics.`test_place_acc_at_1`"
+    assert "metrics.`selected_epoch`" in state["selectedColumns"]
+    parent = client.get_run(result["parent_run_id"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d markov, mhsa, pointer_plus", parent.info.run_name)
+    assert parent.data.tags["prefect.flow_run_id"]
+    description = parent.data.tags["mlflow.note.content"]
+    assert "| pointer_plus | 2 |" in description
+    board = mlflow.artifacts.load_dict(f"runs:/{parent.info.run_id}/leaderboard.json")
+    for kind in ("markov", "mhsa", "pointer_plus"):
+        decision = board["promotion"][kind]["decision"]
+        assert decision == result["promotion"][kind]["decision"]
+        assert f"`nextloc-{kind}`: {decision}" in description
+        version = client.get_model_version_by_alias(f"nextloc-{kind}", "champion")
+        assert version.tags["champion_decision"] == decision

@@ -61,3 +61,53 @@ def test_close_interrupted_runs_only_touches_matching_running_runs(store: str) -
     assert client.get_run(stale).data.tags["nextloc.interrupted"] == "true"
     assert client.get_run(other_seed).info.status == "RUNNING"
     assert client.get_run(finished).info.status == "FINISHED"
+
+
+def test_configure_presents_the_experiment_for_the_ui(store: str) -> None:
+    """A model-training experiment with a description and the comparison view; a description the user
+    edited in the UI is kept."""
+    import json
+
+    experiment = tracking.configure(store, "t")
+    client = tracking.MlflowClient()
+    tags = client.get_experiment(experiment).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags[f"mlflow.sharedViewState.{tracking.COMPARISON_VIEW}"])
+    assert view["name"] == tracking.COMPARISON_VIEW_NAME
+    state = json.loads(view["state"])
+    assert state["selectedColumns"][:2] == ["metrics.`test_place_acc_at_1`", "metrics.`test_place_mrr`"]
+    assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`test_place_acc_at_1`", False)
+    client.set_experiment_tag(experiment, "mlflow.note.content", "ours")
+    tracking.configure(store, "t")
+    assert client.get_experiment(experiment).tags["mlflow.note.content"] == "ours"
+    assert tracking.comparison_url("http://h:5000/", experiment) == (
+        f"http://h:5000/#/experiments/{experiment}/runs"
+        f"?workflowType=machine_learning&viewStateShareKey={tracking.COMPARISON_VIEW}"
+    )
+
+
+def test_decision_text_tells_one_story() -> None:
+    promoted = {
+        "promoted": True,
+        "reason": "no champion yet",
+        "challenger_version": "2",
+        "challenger_seed": 1,
+    }
+    assert tracking.decision_text("mhsa", promoted) == (
+        "promoted: v2 (seed 1) is the champion of nextloc-mhsa (no champion yet)"
+    )
+    kept = {**promoted, "promoted": False, "champion_version": "1", "reason": "delta 0.1 < 0.5"}
+    assert tracking.decision_text("mhsa", kept) == (
+        "kept: v1 stays the champion of nextloc-mhsa; challenger v2 (seed 1): delta 0.1 < 0.5"
+    )
+    assert tracking.decision_text("mhsa", {"promoted": False, "reason": "no registered version"}) == (
+        "kept: no registered version"
+    )
+
+
+def test_run_names() -> None:
+    from datetime import UTC, datetime
+
+    assert tracking.child_run_name("pointer_plus", 3) == "pointer_plus s3"
+    started = datetime(2026, 11, 23, 21, 40, tzinfo=UTC)
+    assert tracking.parent_run_name(started, ["markov", "mhsa", "markov"]) == "2026-11-23 21:40 markov, mhsa"

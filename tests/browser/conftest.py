@@ -1,0 +1,236 @@
+"""Browser tests: the MLflow and Prefect UIs as a user sees them, in headless Chromium driven by Selenium.
+
+Once per session: a real Prefect server and the MLflow UI on free 127.0.0.1 ports, then ``nextloc run`` on the
+real GeoLife sample against them (markov and a short pointer_plus, two seeds each), exactly as a user runs
+it. Chromium and ChromeDriver are Debian's (``make install`` installs them); Selenium Manager is never
+asked for a driver, so nothing is downloaded. Screenshots go to ``test-artifacts/browser/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+CHROMIUM = Path(os.environ.get("NEXTLOC_CHROMIUM", "/usr/bin/chromium"))
+CHROMEDRIVER = Path(os.environ.get("NEXTLOC_CHROMEDRIVER", "/usr/bin/chromedriver"))
+SCREENSHOTS = REPO / "test-artifacts" / "browser"
+CHROME_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1600,1000",
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{url}: the server exited ({proc.returncode}); log:\n{log.read_text()[-3000:]}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s; log:\n{log.read_text()[-3000:]}")
+
+
+def _launch(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a server this fixture started (its own process group: uvicorn workers included)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What the session fixture started and ran."""
+
+    root: Path
+    tracking_uri: str
+    mlflow_url: str
+    prefect_url: str  # the Prefect UI (its API is under /api)
+    experiment_id: str
+    parent_run_id: str
+    flow_run_id: str  # the preprocess-train flow run
+
+
+@pytest.fixture(scope="session")
+def stack(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("browser")
+    (root / "mlruns" / "artifacts").mkdir(parents=True)
+    tracking_uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
+    prefect_port, mlflow_port = _free_port(), _free_port()
+    prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
+    env = {
+        **os.environ,
+        "DO_NOT_TRACK": "true",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "PREFECT_HOME": str(root / "prefect-home"),
+    }
+    env.pop("PREFECT_API_URL", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    # the Prefect UI asks this API (its default is port 4200, maybe someone else's server)
+    prefect_env = {**env, "PREFECT_UI_API_URL": f"{prefect_url}/api"}
+    servers = [
+        _launch(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+            prefect_env,
+            root / "prefect-server.log",
+            root,
+        ),
+        _launch(
+            [str(BIN / "mlflow"), "server", "--backend-store-uri", tracking_uri, "--default-artifact-root"]
+            + [str(root / "mlruns" / "artifacts"), "--host", "127.0.0.1", "--port", str(mlflow_port)]
+            + ["--workers", "1"],
+            env,
+            root / "mlflow.log",
+            root,
+        ),
+    ]
+    try:
+        _wait_http(f"{prefect_url}/api/health", servers[0], root / "prefect-server.log")
+        run_env = {**env, "PREFECT_API_URL": f"{prefect_url}/api", "NEXTLOC_MLFLOW_UI_URL": mlflow_url}
+        done = subprocess.run(
+            [str(BIN / "nextloc"), "run", "--raw-dir", str(sample_dir), "--data-dir", str(root / "data")]
+            + ["--model", "markov,pointer_plus", "--seeds", "0,1", "--device", "cpu", "--workers", "2"]
+            + ["--train-set", "max_epochs=2", "--train-set", "min_epochs=0", "--tracking-uri", tracking_uri],
+            cwd=root,
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+        _wait_http(f"{mlflow_url}/health", servers[1], root / "mlflow.log")
+        parent = _post(
+            f"{mlflow_url}/api/2.0/mlflow/runs/search",
+            {"experiment_ids": [_experiment_id(mlflow_url)], "filter": "tags.kind = 'pipeline'"},
+        )["runs"][0]
+        flow_runs = _post(
+            f"{prefect_url}/api/flow_runs/filter",
+            {"flows": {"name": {"any_": ["preprocess-train"]}}, "limit": 5},
+        )
+        yield Stack(
+            root,
+            tracking_uri,
+            mlflow_url,
+            prefect_url,
+            parent["info"]["experiment_id"],
+            parent["info"]["run_id"],
+            flow_runs[0]["id"],
+        )
+    finally:
+        for server in reversed(servers):
+            _stop(server)
+
+
+def _post(url: str, body: dict) -> dict | list:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _experiment_id(mlflow_url: str) -> str:
+    with urllib.request.urlopen(
+        f"{mlflow_url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=nextloc-geolife", timeout=30
+    ) as response:
+        return json.loads(response.read())["experiment"]["experiment_id"]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile; never Selenium Manager."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
+    if missing:
+        pytest.skip(
+            f"browser tests need Debian's chromium and chromium-driver (`make install`): missing {missing}"
+        )
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common import driver_finder
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("Selenium Manager was asked for a browser or driver (it would download one)")
+
+    profile = tempfile.mkdtemp(prefix="nextloc-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(driver_finder.SeleniumManager, "binary_paths", refuse)
+        driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def screenshot():
+    """``screenshot(driver, name)``: a PNG of the page under ``test-artifacts/browser/``; returns its path."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    def take(driver, name: str) -> Path:
+        path = SCREENSHOTS / f"{name}.png"
+        driver.save_screenshot(str(path))
+        return path
+
+    return take
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed browser test leaves a screenshot of the page it was on (``<test name>-failed.png``)."""
+    outcome = yield
+    report = outcome.get_result()
+    driver = item.funcargs.get("browser") if hasattr(item, "funcargs") else None
+    if report.when == "call" and report.failed and driver is not None:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SCREENSHOTS / f"{item.name}-failed.png"))

@@ -1,0 +1,127 @@
+"""The model comparison in the MLflow UI, clicked through as the README's "Comparing models" describes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks import tracking
+
+pytestmark = pytest.mark.slow
+CHILDREN = ("markov s0", "markov s1", "pointer_plus s0", "pointer_plus s1")
+WAIT_S = 90
+
+
+def _wait(driver):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S)
+
+
+def _click(driver, xpath: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    _wait(driver).until(ec.element_to_be_clickable((By.XPATH, xpath))).click()
+
+
+def _run_link(name: str) -> str:
+    return f"//a[normalize-space(.)='{name}']"
+
+
+def _show_children(driver) -> None:
+    """Wait until the runs table lists every child run; close the assistant side panel (more table)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    for name in CHILDREN:
+        _wait(driver).until(ec.presence_of_element_located((By.XPATH, _run_link(name))))
+    for button in driver.find_elements(By.CSS_SELECTOR, "button[aria-label='Close']"):
+        if button.is_displayed():
+            button.click()
+
+
+def _page_text(driver) -> str:
+    """Every text of the page, scrolled into view or not."""
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").get_attribute("textContent") or ""
+
+
+def _columns(driver) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [e.get_attribute("col-id") for e in driver.find_elements(By.CSS_SELECTOR, ".ag-header-cell")]
+
+
+def test_experiment_opens_on_runs_and_the_comparison_view(browser, stack, screenshot):
+    """Home -> "Model training" -> the experiment: its runs (not the GenAI overview); the view menu's "Model
+    comparison" lists every child run flat, best test place Acc@1 first, with the metric columns."""
+    browser.get(stack.mlflow_url + "/")
+    _click(browser, "//*[normalize-space(text())='Model training']")
+    _click(browser, "//a[normalize-space(.)='nextloc-geolife']")
+    _wait(browser).until(lambda d: f"/experiments/{stack.experiment_id}/runs" in d.current_url)
+    assert "overview" not in browser.current_url
+    _click(browser, "//button[@data-testid='saved-views-trigger']")
+    _click(browser, f"//*[@role='menuitem'][contains(., '{tracking.COMPARISON_VIEW_NAME}')]")
+    _wait(browser).until(lambda d: f"viewStateShareKey={tracking.COMPARISON_VIEW}" in d.current_url)
+    _show_children(browser)
+    columns = _columns(browser)
+    wanted = [f"metrics.`{name}`" for name in tracking.COMPARISON_METRICS]
+    assert set(wanted) <= set(columns), columns
+    screenshot(browser, "mlflow-comparison-view")
+
+
+def test_summary_link_opens_the_comparison_view(browser, stack):
+    """The link in the Prefect summary (and the experiment description) opens the same view directly."""
+    browser.get(tracking.comparison_url(stack.mlflow_url, stack.experiment_id))
+    _show_children(browser)
+    assert "metrics.`test_place_acc_at_1`" in _columns(browser)
+    assert "/runs" in browser.current_url
+
+
+def test_compare_two_children(browser, stack, screenshot):
+    """Tick the two pointer_plus runs and press Compare: MLflow's compare page shows them side by side."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(tracking.comparison_url(stack.mlflow_url, stack.experiment_id))
+    _show_children(browser)
+    for name in ("pointer_plus s0", "pointer_plus s1"):
+        row = browser.find_element(By.XPATH, _run_link(name) + "/ancestor::*[@row-index][1]")
+        index = row.get_attribute("row-index")
+        _click(browser, f"//*[@row-index='{index}']//*[contains(@class, 'ag-selection-checkbox')]")
+    _click(browser, "//button[starts-with(normalize-space(.), 'Compare')]")
+    _wait(browser).until(lambda d: "compare-runs" in d.current_url)
+    # run names, a parameter, metrics and tags side by side (the table rows are rendered as they load)
+    wanted = ("pointer_plus s0", "pointer_plus s1", "train.recipe", "test_place_acc_at_1", "selected_epoch")
+    _wait(browser).until(lambda d: all(text in _page_text(d) for text in (*wanted, "champion_decision")))
+    screenshot(browser, "mlflow-compare-runs")
+
+
+def test_registered_model_shows_the_champion(browser, stack, screenshot):
+    """Model registry -> nextloc-pointer_plus: its versions, the `champion` alias on the promoted one, whose
+    page says why (seed, scores, data fingerprint, the decision)."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{stack.mlflow_url}/#/models/{tracking.registered_name('pointer_plus')}")
+    _wait(browser).until(lambda d: "champion" in d.find_element(By.TAG_NAME, "body").text)
+    screenshot(browser, "mlflow-registered-model")
+    from mlflow import MlflowClient
+
+    champion = MlflowClient(stack.tracking_uri).get_model_version_by_alias("nextloc-pointer_plus", "champion")
+    browser.get(f"{stack.mlflow_url}/#/models/nextloc-pointer_plus/versions/{champion.version}")
+    text = _wait(browser).until(
+        lambda d: (t := d.find_element(By.TAG_NAME, "body").text) and "champion_decision" in t and t
+    )
+    assert f"promoted: v{champion.version}" in text
+    assert "data_fingerprint" in text
+    assert "pointer_plus seed" in text  # the description
+
+
+def test_parent_run_links_its_prefect_flow_run(browser, stack):
+    """The parent run's description: the leaderboard, the champions, and a link to the Prefect flow run."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{stack.mlflow_url}/#/experiments/{stack.experiment_id}/runs/{stack.parent_run_id}")
+    _wait(browser).until(lambda d: "Test leaderboard" in d.find_element(By.TAG_NAME, "body").text)
+    links = [a.get_attribute("href") or "" for a in browser.find_elements(By.TAG_NAME, "a")]
+    assert f"{stack.prefect_url}/runs/flow-run/{stack.flow_run_id}" in links
