@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -52,13 +53,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _request(url: str, body: dict | None = None, timeout: float = 30.0) -> Any:
+#: HTTP errors this script met, by status code (its own requests, retried as Prefect's client does).
+CLIENT_HTTP_ERRORS: dict[int, int] = {}
+
+
+def _request(url: str, body: dict | None = None, timeout: float = 30.0, attempts: int = 1) -> Any:
+    """GET (or POST ``body``) JSON; a 503/429 is counted and, with ``attempts`` > 1, retried after 1, 2, 4 s."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
         url, data=data, headers={"Content-Type": "application/json"}, method="GET" if body is None else "POST"
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            CLIENT_HTTP_ERRORS[err.code] = CLIENT_HTTP_ERRORS.get(err.code, 0) + 1
+            if err.code not in (429, 503) or attempt == attempts - 1:
+                raise
+            time.sleep(2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -181,7 +195,7 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
     ids = []
     for name, parameters in requests:
         body = {"parameters": {k: v for k, v in parameters.items() if v is not None}}
-        ids.append(_request(f"{api}/deployments/{deployments[name]}/create_flow_run", body)["id"])
+        ids.append(_request(f"{api}/deployments/{deployments[name]}/create_flow_run", body, attempts=6)["id"])
     trigger_s = time.monotonic() - t_start
 
     health: list[float] = []
@@ -228,6 +242,7 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
         "flow_run_ids": ids,
         "api_health_latency": _latency_summary(health, health_errors),
         "api_flow_run_read_latency": _latency_summary(reads, read_errors),
+        "client_http_errors": {str(k): v for k, v in sorted(CLIENT_HTTP_ERRORS.items())},
     }
 
 

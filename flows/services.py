@@ -141,7 +141,14 @@ def start(services: Services, timeout_s: float = 180.0) -> None:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "MLFLOW_DISABLE_TELEMETRY": "true",
     }
-    for key in ("PREFECT_API_URL", "NEXTLOC_DB_URL", "NEXTLOC_TRACKING_URI", "MLFLOW_BACKEND_STORE_URI"):
+    for key in (
+        "PREFECT_API_URL",
+        "NEXTLOC_DB_URL",
+        "NEXTLOC_TRACKING_URI",
+        "MLFLOW_BACKEND_STORE_URI",
+        "PREFECT_API_DATABASE_CONNECTION_URL",
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    ):  # chosen here, not inherited
         base.pop(key, None)
     bin_dir = Path(sys.executable).parent
     server_env = {**base, "PREFECT_HOME": str(services.folder / "prefect")}

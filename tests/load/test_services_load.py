@@ -59,4 +59,5 @@ def test_burst_of_deployment_runs_on_postgres(sample_dir):
     assert result["champions_per_model"] == {"nextloc-markov": 1}
     assert result["api_health_latency"]["errors"] == 0
     assert result["api_flow_run_read_latency"]["errors"] == 0
+    assert result["client_http_errors"] == {}
     assert result["services_stopped"]
