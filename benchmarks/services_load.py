@@ -201,6 +201,7 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
     health: list[float] = []
     reads: list[float] = []
     health_errors = read_errors = 0
+    error_kinds: dict[str, int] = {}  # failed polls by exception (HTTP errors are also in CLIENT_HTTP_ERRORS)
     states: dict[str, str] = {}
     finished_at: dict[str, float] = {}
     deadline = t_start + timeout_s
@@ -210,14 +211,16 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
         try:
             _request(f"{api}/health", timeout=10)
             health.append(time.monotonic() - t)
-        except OSError:
+        except OSError as err:
             health_errors += 1
+            error_kinds[type(err).__name__] = error_kinds.get(type(err).__name__, 0) + 1
         t = time.monotonic()
         try:
             _request(f"{api}/flow_runs/filter", {"limit": 10, "sort": "EXPECTED_START_TIME_DESC"}, timeout=10)
             reads.append(time.monotonic() - t)
-        except OSError:
+        except OSError as err:
             read_errors += 1
+            error_kinds[type(err).__name__] = error_kinds.get(type(err).__name__, 0) + 1
         if time.monotonic() - last_state_poll > 2.0:
             last_state_poll = time.monotonic()
             try:
@@ -242,6 +245,7 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
         "flow_run_ids": ids,
         "api_health_latency": _latency_summary(health, health_errors),
         "api_flow_run_read_latency": _latency_summary(reads, read_errors),
+        "api_poll_errors": error_kinds,
         "client_http_errors": {str(k): v for k, v in sorted(CLIENT_HTTP_ERRORS.items())},
     }
 
