@@ -569,7 +569,7 @@ def _copy_store(svc: Any, source: str | None, target: str | None) -> int:
     from flows import services
     from tasks import tracking
 
-    source = source or tracking.default_tracking_uri(Path.cwd())
+    source = source or f"sqlite:///{Path.cwd().resolve() / 'mlruns' / 'mlflow.db'}"
     if target is None:
         try:
             services.ensure_databases(svc.server_url(), (services.MLFLOW_DB,), timeout_s=10)

@@ -201,7 +201,7 @@ def start(services: Services, timeout_s: float = 180.0) -> None:
 
 def client_settings(root: Path) -> dict[str, str] | None:
     """While the services of ``root`` run: ``tracking_uri`` (their MLflow store), ``api_url``, ``mlflow_url``."""
-    services = Services(root, db_url=None)
+    services = Services(root, backend="postgres", db_url=None)  # only its paths are used
     if running_pid(services, "mlflow") is None:
         return None
     try:
