@@ -305,3 +305,15 @@ def test_copy_store_sqlite_to_postgres(pg_services):
         url = services.server_url() + "/postgres"
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("DROP DATABASE IF EXISTS nextloc_copytest WITH (FORCE)")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user the server runs as that user")
+def test_root_runs_postgres_as_an_unprivileged_user_and_says_when_it_cannot(tmp_path):
+    """PostgreSQL refuses root: the server runs as ``postgres``; a folder closed to it is a clear error."""
+    closed = tmp_path / "project"  # pytest's temporary root is mode 0700: closed to other users
+    closed.mkdir()
+    services = svc_module.Services(closed, pg_port=_free_port(), backend="postgres", db_url=None)
+    with pytest.raises(RuntimeError, match="runs as user 'postgres' .* cannot reach"):
+        svc_module.start_postgres(services, timeout_s=30)
+    assert svc_module.running_pid(services, "postgres") is None
+    assert not services.password_file.exists()
