@@ -42,9 +42,13 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SAMPLE = REPO.parent / "shared" / "data" / "geolife-sample"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-#: What counts as a database error in a service log: an HTTP 503 (Prefect's answer to a locked SQLite)
-#: or SQLite's own message.
-DB_ERROR = re.compile(r'" 503\b|status code 503|\b503 Service Unavailable|database is locked', re.IGNORECASE)
+#: What counts as a database error in a service log: an HTTP 503 (Prefect's answer to a locked SQLite,
+#: logged by the server as "Encountered retryable exception" with PREFECT_API_LOG_RETRYABLE_ERRORS, which
+#: the load turns on: by default the server answers 503 silently) or SQLite's own message.
+DB_ERROR = re.compile(
+    r'" 503\b|status code 503|\b503 Service Unavailable|database is locked|Encountered retryable exception',
+    re.IGNORECASE,
+)
 
 
 def _free_port() -> int:
@@ -125,6 +129,7 @@ def run_load(
         "PREFECT_HOME": str(root / ".prefect"),
         "PYTHONPATH": str(REPO),
         "NEXTLOC_TORCH_THREADS": "1",
+        "PREFECT_API_LOG_RETRYABLE_ERRORS": "true",  # the server logs every 503 it answers
     }
     for key in ("PREFECT_API_URL", "NEXTLOC_DB_URL", "NEXTLOC_TRACKING_URI", "MLFLOW_TRACKING_URI"):
         env.pop(key, None)
