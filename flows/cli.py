@@ -47,11 +47,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_environment()
     _setup_cli_logging()
+    if args.command != "services":
+        _report_to_services()
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
         log.error("%s", err)
         return 2
+
+
+def _report_to_services() -> None:
+    """With ``PREFECT_API_URL`` set and this folder's services running, track into their MLflow store too.
+
+    Prefect already reports to the server in ``PREFECT_API_URL``; MLflow follows the services' store
+    (``.services/client.json``), so runs started by hand and deployment runs are in one place. An explicit
+    ``--tracking-uri``/``$MLFLOW_TRACKING_URI`` or ``$NEXTLOC_TRACKING_URI`` wins.
+    """
+    if not os.environ.get("PREFECT_API_URL") or os.environ.get("NEXTLOC_TRACKING_URI"):
+        return
+    from flows import services
+
+    client = services.client_settings(Path.cwd())
+    if client is not None:
+        os.environ["NEXTLOC_TRACKING_URI"] = client["tracking_uri"]
+        os.environ.setdefault("NEXTLOC_MLFLOW_UI_URL", client["mlflow_url"])
+        log.info(
+            "services running: reporting to %s and the MLflow UI %s",
+            os.environ["PREFECT_API_URL"],
+            client["mlflow_url"],
+        )
 
 
 def _setup_cli_logging() -> None:
@@ -169,7 +193,25 @@ def _build_parser() -> argparse.ArgumentParser:
         "services",
         help="start/stop a local Prefect server, the MLflow UI and the deployments (logs in .services/)",
     )
-    s.add_argument("action", choices=["start", "stop", "status"])
+    s.add_argument(
+        "action",
+        choices=["start", "stop", "status", "copy-store"],
+        help="copy-store: copy an MLflow store (default the SQLite mlruns/mlflow.db) into the services' PostgreSQL",
+    )
+    s.add_argument(
+        "--backend",
+        choices=["postgres", "sqlite"],
+        default=os.environ.get("NEXTLOC_SERVICES_BACKEND", "postgres"),
+        help="where Prefect and MLflow keep their state (default postgres; $NEXTLOC_SERVICES_BACKEND)",
+    )
+    s.add_argument(
+        "--source", default=None, help="copy-store: source store URI (default sqlite:///mlruns/mlflow.db)"
+    )
+    s.add_argument(
+        "--target",
+        default=None,
+        help="copy-store: target store URI (default the services' PostgreSQL database nextloc_mlflow)",
+    )
     s.set_defaults(func=_cmd_services)
     return parser
 
@@ -505,7 +547,7 @@ def _cmd_download(args: argparse.Namespace) -> int:
 def _cmd_services(args: argparse.Namespace) -> int:
     from flows import services
 
-    svc = services.Services(Path.cwd())
+    svc = services.Services(Path.cwd(), backend=args.backend)
     if args.action == "start":
         try:
             services.start(svc)
@@ -520,9 +562,35 @@ def _cmd_services(args: argparse.Namespace) -> int:
         )
     elif args.action == "stop":
         log.info("stopped: %s", ", ".join(services.stop(svc)) or "nothing was running")
+    elif args.action == "copy-store":
+        return _copy_store(svc, args.source, args.target)
     else:
         for name, pid in services.status(svc).items():
             sys.stdout.write(f"{name:15s} {'running, pid ' + str(pid) if pid else 'stopped'}\n")
+    return 0
+
+
+def _copy_store(svc: Any, source: str | None, target: str | None) -> int:
+    """``nextloc services copy-store``: the whole MLflow store, table by table, into an empty store."""
+    from flows import services
+    from tasks import tracking
+
+    source = source or f"sqlite:///{Path.cwd().resolve() / 'mlruns' / 'mlflow.db'}"
+    if target is None:
+        try:
+            services.ensure_databases(svc.server_url(), (services.MLFLOW_DB,), timeout_s=10)
+        except (FileNotFoundError, RuntimeError) as err:
+            log.error(
+                "no PostgreSQL to copy into (start it with `make services` or set NEXTLOC_DB_URL): %s", err
+            )
+            return 1
+        target = svc.database_url(services.MLFLOW_DB, "psycopg")
+    try:
+        counts = tracking.copy_store(source, target)
+    except RuntimeError as err:
+        log.error("%s", err)
+        return 1
+    sys.stdout.write(json.dumps(counts, indent=1) + "\n")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -74,7 +75,10 @@ and press *Compare*. Registered models: *Model registry* (`nextloc-<kind>`; the 
 
 
 def default_tracking_uri(root: Path | None = None) -> str:
-    """``sqlite:///<root>/mlruns/mlflow.db`` (absolute path)."""
+    """``$NEXTLOC_TRACKING_URI`` (set by ``make services`` for its flow runs), else
+    ``sqlite:///<root>/mlruns/mlflow.db`` (absolute path)."""
+    if os.environ.get("NEXTLOC_TRACKING_URI"):
+        return os.environ["NEXTLOC_TRACKING_URI"]
     base = (root or Path.cwd()).resolve() / "mlruns"
     base.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{base / 'mlflow.db'}"
@@ -91,6 +95,8 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
         artifact_location = None
         if uri.startswith("sqlite:///"):
             artifact_location = (Path(uri[len("sqlite:///") :]).parent / "artifacts").resolve().as_uri()
+        elif uri.startswith(("postgresql", "mysql", "mssql")):  # a database store: artifacts stay on disk
+            artifact_location = (Path.cwd() / "mlruns" / "artifacts").resolve().as_uri()
         with contextlib.suppress(mlflow.exceptions.MlflowException):  # created concurrently
             client.create_experiment(experiment, artifact_location=artifact_location)
         exp = client.get_experiment_by_name(experiment)
@@ -385,3 +391,100 @@ def leaderboard_markdown(board: dict[str, Any], promotion: dict[str, Any], prefa
     if preface:
         lines += ["", preface]
     return "\n".join(lines)
+
+
+#: Tables never copied: the schema version (checked instead) and the live server's scheduler state.
+_NOT_COPIED = frozenset({"alembic_version", "scheduler_leases", "job_locks"})
+#: A target holding rows in any of these is not empty: copy-store refuses to merge into it.
+_CONTENT_TABLES = ("runs", "registered_models", "logged_models", "trace_info", "evaluation_datasets")
+
+
+def copy_store(source_uri: str, target_uri: str, batch: int = 5_000) -> dict[str, int]:
+    """Copy a whole MLflow store (e.g. SQLite) into an empty one (e.g. PostgreSQL), table by table.
+
+    MLflow has no command for this (``mlflow migrate-filestore`` reads only file stores), and its client
+    cannot keep run ids, timestamps or logged-model ids, which model versions, aliases and artifact paths
+    refer to. Both stores share MLflow's schema (the target is created at the installed version's head;
+    the source must be at the same revision: ``mlflow db upgrade SOURCE`` first), so every row is copied
+    as it is: experiments, runs, params, tags, full metric histories, datasets, logged models, registered
+    models, versions, aliases, traces. Artifact locations are copied as written: artifacts stay where
+    they are on disk. Identity sequences of the target are moved past the copied ids.
+
+    Returns:
+        rows copied per table (tables with rows only).
+
+    Raises:
+        RuntimeError: different schema revisions, or a target that already holds runs or models.
+    """
+    import sqlalchemy as sa
+    from mlflow.store.db.base_sql_model import Base
+    from mlflow.store.model_registry.dbmodels import models as _registry_models  # noqa: F401
+    from mlflow.store.tracking.dbmodels import models as _tracking_models  # noqa: F401
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    if source_uri.startswith("sqlite:///") and not Path(source_uri[len("sqlite:///") :]).is_file():
+        raise RuntimeError(f"no MLflow store at {source_uri}")
+    SqlAlchemyStore(target_uri, (Path.cwd() / "mlruns" / "artifacts").resolve().as_uri())  # schema at head
+    src = sa.create_engine(source_uri)
+    dst = sa.create_engine(target_uri)
+    try:
+        revisions = []
+        for engine in (src, dst):
+            with engine.connect() as conn:
+                revisions.append(conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar())
+        if revisions[0] != revisions[1]:
+            raise RuntimeError(
+                f"schema revisions differ: source {revisions[0]}, target {revisions[1]}; "
+                f"run `mlflow db upgrade {source_uri}` first"
+            )
+        present = set(sa.inspect(src).get_table_names()) & set(sa.inspect(dst).get_table_names())
+        tables = [t for t in Base.metadata.sorted_tables if t.name in present and t.name not in _NOT_COPIED]
+        counts: dict[str, int] = {}
+        with src.connect() as read, dst.begin() as write:
+            for name in _CONTENT_TABLES:
+                if name in present and write.execute(sa.text(f"SELECT COUNT(*) FROM {name}")).scalar():
+                    raise RuntimeError(f"the target store already holds {name}; copy into an empty store")
+            for table in reversed(tables):  # the new store's default experiment, and anything else seeded
+                write.execute(table.delete())
+            for table in tables:
+                result = read.execute(sa.select(table))
+                n = 0
+                while rows := result.mappings().fetchmany(batch):
+                    write.execute(table.insert(), [dict(r) for r in rows])
+                    n += len(rows)
+                if n:
+                    counts[table.name] = n
+            if dst.dialect.name == "postgresql":
+                _advance_sequences(write, tables)
+        logger.info("copied MLflow store %s -> %s: %s", _redact(source_uri), _redact(target_uri), counts)
+        return counts
+    finally:
+        src.dispose()
+        dst.dispose()
+
+
+def _advance_sequences(conn: Any, tables: list) -> None:
+    """Move each serial/identity sequence past the largest copied id (PostgreSQL)."""
+    import sqlalchemy as sa
+
+    for table in tables:
+        for column in table.primary_key.columns:
+            if not isinstance(column.type, sa.Integer):
+                continue
+            seq = conn.execute(
+                sa.text("SELECT pg_get_serial_sequence(:t, :c)"), {"t": table.name, "c": column.name}
+            ).scalar()
+            if seq:
+                conn.execute(
+                    sa.text(
+                        f'SELECT setval(:s, COALESCE((SELECT MAX("{column.name}") FROM "{table.name}"), 0) + 1, false)'
+                    ),
+                    {"s": seq},
+                )
+
+
+def _redact(uri: str) -> str:
+    """A store URI without its password, for logs."""
+    import sqlalchemy as sa
+
+    return sa.engine.make_url(uri).render_as_string(hide_password=True)

@@ -1,22 +1,27 @@
 """End to end as a team runs it: `nextloc services start`, `prefect deployment run preprocess-train/geolife`.
 
-A real Prefect server (SQLite, temporary PREFECT_HOME) and the MLflow UI on free 127.0.0.1 ports, the
-deployments served by `flows/serve.py`, a run triggered with the Prefect CLI on the real GeoLife sample
-with a short training config, then the MLflow store checked through the MLflow server's REST API: parent
-and child runs, the registered model and its `champion` alias. Everything is stopped at the end.
+A real PostgreSQL server (SQLite where its binaries are missing) behind a real Prefect server (temporary
+PREFECT_HOME) and the MLflow UI on free 127.0.0.1 ports, the deployments served by `flows/serve.py`, a run
+triggered with the Prefect CLI on the real GeoLife sample with a short training config, then the MLflow
+store checked through the MLflow server's REST API: parent and child runs, the registered model and its
+`champion` alias. Everything is stopped at the end.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from flows import services as services_module
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -57,15 +62,23 @@ def _get(url: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def services(tmp_path_factory):
-    root = tmp_path_factory.mktemp("service")
+def services():
+    # under /tmp, mode 0755: as root, PostgreSQL runs as the postgres user, which must reach .services/pg
+    # (pytest's temporary root is closed to other users)
+    root = Path(tempfile.mkdtemp(prefix="nextloc-service-", dir="/tmp"))
+    root.chmod(0o755)
     env = {
         **os.environ,
         "NEXTLOC_PREFECT_PORT": str(_free_port()),
         "NEXTLOC_MLFLOW_PORT": str(_free_port()),
+        "NEXTLOC_PG_PORT": str(_free_port()),
         "PREFECT_HOME": str(root / ".prefect"),
     }
     env.pop("PREFECT_API_URL", None)
+    try:
+        services_module.postgres_bin_dir()
+    except RuntimeError:
+        env["NEXTLOC_SERVICES_BACKEND"] = "sqlite"
     nextloc = str(BIN / "nextloc")
     started = subprocess.run(
         [nextloc, "services", "start"], cwd=root, env=env, capture_output=True, text=True
@@ -82,6 +95,7 @@ def services(tmp_path_factory):
             [nextloc, "services", "status"], cwd=root, env=env, capture_output=True, text=True
         )
         assert "running" not in status.stdout, status.stdout
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):

@@ -1,0 +1,63 @@
+"""Load on the real PostgreSQL-backed services: 6 `preprocess-train/geolife` runs and a retrain run at once.
+
+The burst of ``benchmarks/services_load.py`` (its one home; run it with ``--backend sqlite`` for the
+comparison): the services on free 127.0.0.1 ports with ``NEXTLOC_SERVE_LIMIT`` raised so all 7 runs
+overlap, the GeoLife sample, ``markov`` training (seeds 0..5), the Prefect API polled for latency during
+the burst. Every run must complete, no service log may show a 503 or ``database is locked``, every MLflow
+run must be FINISHED and every registered model must have exactly one ``champion``. The numbers go to
+``test-artifacts/services_load_postgres.json`` (git-ignored) and are printed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from flows import services as svc_module
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_module():
+    spec = importlib.util.spec_from_file_location("services_load", REPO / "benchmarks" / "services_load.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(1800)
+def test_burst_of_deployment_runs_on_postgres(sample_dir):
+    try:
+        svc_module.postgres_bin_dir()
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    load = _load_module()
+    root = Path(tempfile.mkdtemp(prefix="nextloc-load-", dir="/tmp"))
+    root.chmod(0o755)  # as root, PostgreSQL runs as the postgres user, which must reach .services/pg
+    try:
+        result = load.run_load("postgres", root, sample=sample_dir, runs=6, timeout_s=1500)
+    finally:
+        logs = {p.name: p.read_text(errors="replace")[-4000:] for p in (root / ".services").glob("*.log")}
+        shutil.rmtree(root, ignore_errors=True)
+    out = REPO / "test-artifacts"
+    out.mkdir(exist_ok=True)
+    (out / "services_load_postgres.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "flow_run_ids"}, indent=1))
+
+    assert not result["timed_out"], (result, logs.get("serve.log"))
+    assert result["flow_run_states"] == {"COMPLETED": 7}, (result, logs.get("serve.log"))
+    assert result["db_error_count"] == 0, result["db_error_lines"]
+    assert result["mlflow_parent_runs"] == 7
+    assert result["mlflow_runs"] == 14  # a parent and a markov child per run
+    assert result["mlflow_run_statuses"] == {"FINISHED": 14}
+    assert result["champions_per_model"] == {"nextloc-markov": 1}
+    assert result["api_health_latency"]["errors"] == 0
+    assert result["api_flow_run_read_latency"]["errors"] == 0
+    assert result["client_http_errors"] == {}
+    assert result["services_stopped"]
