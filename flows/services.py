@@ -151,7 +151,12 @@ def start(services: Services, timeout_s: float = 180.0) -> None:
     ):  # chosen here, not inherited
         base.pop(key, None)
     bin_dir = Path(sys.executable).parent
-    server_env = {**base, "PREFECT_HOME": str(services.folder / "prefect")}
+    # the UI asks the API at PREFECT_UI_API_URL (default 127.0.0.1:4200): on another port it must be told
+    server_env = {
+        **base,
+        "PREFECT_HOME": str(services.folder / "prefect"),
+        "PREFECT_UI_API_URL": services.api_url,
+    }
     if services.backend == "postgres":
         if services.db_url is None:
             start_postgres(services, timeout_s)
