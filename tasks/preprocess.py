@@ -35,6 +35,7 @@ from nextloc.storage import read_parquet, write_json, write_parquet
 from nextloc.vocabulary import location_vocabulary, user_vocabulary
 from tasks.caching import CACHE_POLICY, Artifact
 from tasks.catalog import Catalog
+from tasks.runners import tile_map
 
 
 @dataclass(frozen=True)
@@ -261,9 +262,13 @@ def generate_staypoints_user(
 
 @task(name="locate-staypoints", cache_policy=CACHE_POLICY, persist_result=True)
 def locate_staypoints_task(
-    users: list[StaypointsResult], config: PreprocessConfig, out_path: str
+    users: list[StaypointsResult], config: PreprocessConfig, out_path: str, dbscan_tiles: int = 0
 ) -> tuple[Artifact, dict]:
-    """Quality filter + dataset-level DBSCAN over every user's staypoints."""
+    """Quality filter + dataset-level DBSCAN over every user's staypoints.
+
+    ``dbscan_tiles > 0`` clusters by that many spatial tiles (the same bytes out); on the Dask runner the
+    tiles run on the cluster's workers (:func:`tasks.runners.tile_map`).
+    """
     logger = get_run_logger()
     with_sp = [u for u in users if u.staypoints is not None and u.n_staypoints > 0]
     sp = pd.concat(
@@ -277,7 +282,7 @@ def locate_staypoints_task(
             "tripleg_end": pd.to_datetime([u.tripleg_end for u in users], utc=True),
         }
     )
-    located = locate_staypoints(sp, extents, config)
+    located = locate_staypoints(sp, extents, config, dbscan_tiles, tile_map() if dbscan_tiles else None)
     fingerprint = write_parquet(located.staypoints, Path(out_path))
     logger.info("located staypoints: %s", located.stats)
     return Artifact.record(out_path, fingerprint), located.stats
