@@ -84,8 +84,8 @@ def test_peak_memory_under_4_gb(full_run, tmp_path, peak_rss_mb):
 
 
 def test_dbscan_by_tiles_gives_the_located_parquet_byte_for_byte(full_run, tmp_path):
-    """DBSCAN by spatial tiles on the full data's DBSCAN input (activity staypoints of the 92 quality
-    users, rebuilt from the per-user staypoints) writes the very bytes of the single-machine run."""
+    """DBSCAN by spatial tiles on the full data's DBSCAN input (activity staypoints of the quality users,
+    rebuilt from the per-user staypoints) writes the very bytes of the single-machine run."""
     import pandas as pd
 
     from nextloc.config import PreprocessConfig
@@ -97,10 +97,9 @@ def test_dbscan_by_tiles_gives_the_located_parquet_byte_for_byte(full_run, tmp_p
     _, data_dir, _ = full_run
     catalog = Catalog(str(data_dir))
     located = pq.read_table(catalog.located).to_pandas()
+    # the located users (91 of the 92 quality users: one has only noise, which with min_samples 2 means
+    # points with no neighbour, so leaving them out changes no other label); tiles=0 proves it exact
     users = sorted(located["user_id"].unique())
-    assert (
-        len(users) == json.loads((data_dir / "metadata.json").read_text())["preprocessing"]["users_quality"]
-    )
     sp = pd.concat([pq.read_table(catalog.user_staypoints(u)).to_pandas() for u in users], ignore_index=True)
     cfg = PreprocessConfig()
     sp = create_activity_flag(sp, cfg.staypoints.activity_time_threshold_min)
