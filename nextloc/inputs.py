@@ -408,6 +408,9 @@ def _empty_rows(frame: pd.DataFrame, where: _Where, report: IngestReport) -> np.
     empty = np.ones(len(frame), bool)
     for column in frame.columns:
         values = frame[column]
+        if _typed(values):  # a number or a time is never blank text: only a missing value is empty
+            empty &= values.isna().to_numpy(bool)
+            continue
         empty &= (values.isna() | (values.astype("string").str.strip() == "")).fillna(True).to_numpy(bool)
     bad = np.zeros(len(frame), bool)
     for i in np.flatnonzero(empty):
@@ -415,9 +418,19 @@ def _empty_rows(frame: pd.DataFrame, where: _Where, report: IngestReport) -> np.
     return bad | empty
 
 
+def _typed(values: pd.Series) -> bool:
+    """A numeric (not boolean) or datetime column, as typed parquet gives: no text to parse."""
+    dtype = values.dtype
+    numeric = pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
+    return numeric or pd.api.types.is_datetime64_any_dtype(dtype)
+
+
 def _user_ids(values: pd.Series, bad: np.ndarray, where: _Where, report: IngestReport) -> np.ndarray:
-    text = values.astype("string").str.strip()
-    nums = pd.to_numeric(text, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    if pd.api.types.is_numeric_dtype(values.dtype) and not pd.api.types.is_bool_dtype(values.dtype):
+        nums = values.to_numpy(np.float64, na_value=np.nan)  # what the text route gives, without the text
+    else:
+        text = values.astype("string").str.strip()
+        nums = pd.to_numeric(text, errors="coerce").to_numpy(np.float64, na_value=np.nan)
     ok = np.isfinite(nums) & (nums >= 0) & (nums <= _MAX_USER_ID) & (np.floor(nums) == nums)
     _report_rows(~ok, bad, values, where, report, "bad_user_id", "user_id is not a whole number 0..2^31-1")
     return np.where(ok, nums, 0).astype(np.int64)

@@ -132,6 +132,27 @@ class TestParquetHostile:
         assert report.counts == {"out_of_range": 1, "non_numeric": 1}
         assert str(report.issues[0]).startswith(f"{path}:2: out_of_range")
 
+    def test_typed_nulls_and_user_ids_are_checked_without_text(self, tmp_path):
+        """Typed columns skip the text route (fast) and give the same verdicts: an all-null row is
+        blank, a null time, a negative or fractional user id and a float user id that is whole."""
+        path = tmp_path / "fixes.parquet"
+        t = [0, 10**9, 2 * 10**9, 3 * 10**9, 4 * 10**9, None]
+        pq.write_table(
+            pa.table(
+                {
+                    "user_id": pa.array([1.0, -1.0, 2.5, 3.0, 4.0, None], pa.float64()),
+                    "tracked_at": pa.array([*t[:4], None, None], pa.timestamp("ns", tz="UTC")),
+                    "latitude": [39.9, 39.9, 39.9, 39.9, 39.9, None],
+                    "longitude": [116.3, 116.3, 116.3, 116.3, 116.3, None],
+                }
+            ),
+            path,
+        )
+        table, report = read_positionfix_files([path], InputSpec(format="parquet"))
+        assert table.column("user_id").to_pylist() == [1, 3]
+        assert report.counts == {"bad_user_id": 2, "bad_timestamp": 1, "empty_row": 1}
+        assert [str(i).split(": ")[0] for i in report.issues] == [f"{path}:{n}" for n in (6, 2, 3, 5)]
+
     def test_missing_column(self, tmp_path):
         path = tmp_path / "fixes.parquet"
         pq.write_table(pa.table({"user_id": [1], "latitude": [1.0], "longitude": [1.0]}), path)
