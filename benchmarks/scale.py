@@ -136,7 +136,8 @@ def _run_size(size: float, runners: list[str], args: argparse.Namespace, env: di
         }
         # the process also starts Prefect's temporary API and imports: the cost per fix is the flow's
         run[f"preprocess_{runner}"] = {**measured, **_per_mfix(stages["flow"], n_fixes), "stages": stages}
-        digests[runner] = _digests(data_dir)
+        if len(runners) > 1:
+            digests[runner] = _digests(data_dir)
         print(f"[scale] {run['size']} {runner}: {measured['wall_s']} s", file=sys.stderr)
     if len(digests) > 1:
         first = next(iter(digests.values()))
