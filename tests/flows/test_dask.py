@@ -74,3 +74,10 @@ def test_runner_choices_are_checked():
         make_task_runner("spark")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="only used with task_runner='dask'"):
         make_task_runner("local", dask_address="tcp://127.0.0.1:8786")
+
+
+def test_tile_map_is_the_builtin_map_off_dask():
+    """Outside a flow, or on the local runner, DBSCAN tiles run in this process."""
+    from tasks.runners import tile_map
+
+    assert tile_map() is map
