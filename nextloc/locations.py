@@ -117,9 +117,12 @@ def make_tiles(coords: np.ndarray, eps: float, n_tiles: int) -> list[Tile]:
     """Cut points into ``n_tiles`` strips of about equal counts along the first coordinate, with halos.
 
     The haversine distance is never smaller than the difference of the first coordinates (it is the
-    latitude to the formula), so every neighbour within ``eps`` of an owned point lies in the strip or
-    its halo, which reaches ``eps`` (plus a rounding margin) beyond each edge. Equal first coordinates
-    stay in one strip, so there may be fewer tiles than asked.
+    latitude to the formula) when their cosines have the same sign, so every neighbour within ``eps`` of
+    an owned point lies in the strip or its halo, which reaches ``eps`` (plus a rounding margin) beyond
+    each edge. With the reference ``lon_lat`` order the first coordinate is a longitude, which may pass
+    90 degrees; when the points lie on both sides of +-90 degrees that bound fails, and they stay in one
+    tile (exact, not split; logged). Equal first coordinates stay in one strip, so there may be fewer
+    tiles than asked.
 
     Args:
         coords: ``(n, 2)`` radians in the order fed to the metric.
@@ -134,6 +137,12 @@ def make_tiles(coords: np.ndarray, eps: float, n_tiles: int) -> list[Tile]:
     if coords.ndim != 2 or coords.shape[1] != 2:
         raise ValueError(f"coords must have shape (n, 2), got {coords.shape}")
     x = coords[:, 0]
+    cos = np.cos(x)
+    if n_tiles > 1 and (cos < 0).any() and (cos > 0).any():
+        logger.warning(
+            "DBSCAN tiles: first coordinates on both sides of +-90 degrees; one tile instead of %d", n_tiles
+        )
+        n_tiles = 1
     edges = np.unique(np.quantile(x, np.linspace(0, 1, n_tiles + 1)[1:-1])) if len(x) else np.array([])
     strip = np.searchsorted(edges, x, side="right")  # strip t owns edges[t-1] <= x < edges[t]
     halo = eps * (1 + 1e-9) + 1e-15

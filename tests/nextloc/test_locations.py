@@ -384,6 +384,20 @@ class TestPartitionedDbscan:
         assert calls == [3, 3]  # neighbour counts, then links
         np.testing.assert_array_equal(labels_of(tiled), sklearn_labels(dbscan_input))
 
+    def test_points_across_90_degrees_stay_in_one_tile(self):
+        """lon_lat feeds longitudes as the formula's latitude: across 90 degrees the strip bound fails
+        (two points 180 degrees apart in that slot can be close), so no split, and still sklearn's labels."""
+        rng = np.random.default_rng(7)
+        x = np.deg2rad(90) + rng.normal(0, 2e-6, 500)
+        coords = np.column_stack([x, np.deg2rad(30) + rng.normal(0, 2e-6, 500)])
+        eps = 20 / EARTH_RADIUS_M
+        assert len(make_tiles(coords, eps, 8)) == 1
+        expected = DBSCAN(eps=eps, min_samples=3, algorithm="ball_tree", metric="haversine").fit_predict(
+            coords
+        )
+        np.testing.assert_array_equal(partitioned_dbscan(coords, eps, 3, 8), expected)
+        assert len(make_tiles(coords[x < np.deg2rad(90)], eps, 8)) == 8  # one side only: split
+
     def test_bad_tile_counts_and_empty_input(self):
         with pytest.raises(ValueError, match="n_tiles must be at least 1, got 0"):
             make_tiles(np.zeros((3, 2)), 1e-6, 0)
