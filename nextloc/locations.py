@@ -120,8 +120,8 @@ def make_tiles(coords: np.ndarray, eps: float, n_tiles: int) -> list[Tile]:
     latitude to the formula) when their cosines have the same sign, so every neighbour within ``eps`` of
     an owned point lies in the strip or its halo, which reaches ``eps`` (plus a rounding margin) beyond
     each edge. With the reference ``lon_lat`` order the first coordinate is a longitude, which may pass
-    90 degrees; when the points lie on both sides of +-90 degrees that bound fails, and they stay in one
-    tile (exact, not split; logged). Equal first coordinates stay in one strip, so there may be fewer
+    90 degrees; when the points lie on both sides of +-90 degrees, or span more than 180 degrees (across
+    the antimeridian), that bound fails, and they stay in one tile (exact, not split; logged). Equal first coordinates stay in one strip, so there may be fewer
     tiles than asked.
 
     Args:
@@ -138,9 +138,11 @@ def make_tiles(coords: np.ndarray, eps: float, n_tiles: int) -> list[Tile]:
         raise ValueError(f"coords must have shape (n, 2), got {coords.shape}")
     x = coords[:, 0]
     cos = np.cos(x)
-    if n_tiles > 1 and (cos < 0).any() and (cos > 0).any():
+    wraps = len(x) > 0 and float(x.max() - x.min()) > np.pi  # e.g. longitudes across the antimeridian
+    if n_tiles > 1 and (((cos < 0).any() and (cos > 0).any()) or wraps):
         logger.warning(
-            "DBSCAN tiles: first coordinates on both sides of +-90 degrees; one tile instead of %d", n_tiles
+            "DBSCAN tiles: first coordinates across +-90 degrees or spanning over 180; one tile, not %d",
+            n_tiles,
         )
         n_tiles = 1
     edges = np.unique(np.quantile(x, np.linspace(0, 1, n_tiles + 1)[1:-1])) if len(x) else np.array([])

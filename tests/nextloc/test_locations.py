@@ -397,6 +397,9 @@ class TestPartitionedDbscan:
         )
         np.testing.assert_array_equal(partitioned_dbscan(coords, eps, 3, 8), expected)
         assert len(make_tiles(coords[x < np.deg2rad(90)], eps, 8)) == 8  # one side only: split
+        across = np.deg2rad([[-179.99999, 30.0], [179.99999, 30.0], [-100.0, 30.0]])
+        assert len(make_tiles(across, eps, 3)) == 1  # the antimeridian: 2 m apart, 360 degrees by value
+        np.testing.assert_array_equal(partitioned_dbscan(across, eps, 2, 3), [0, 0, -1])
 
     def test_bad_tile_counts_and_empty_input(self):
         with pytest.raises(ValueError, match="n_tiles must be at least 1, got 0"):
