@@ -123,6 +123,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "--dask-address", default=None, help="scheduler of an existing Dask cluster (tcp://host:8786)"
     )
     r.add_argument("--dask-workers", type=int, default=None, help="processes of a new Dask LocalCluster")
+    r.add_argument(
+        "--dbscan-tiles",
+        type=int,
+        default=0,
+        help="DBSCAN by this many spatial tiles (on the Dask workers with --task-runner dask); 0: one machine",
+    )
     _add_config_options(r)
     r.set_defaults(func=_cmd_run)
 
@@ -370,6 +376,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         task_runner=args.task_runner,
         dask_address=args.dask_address,
         dask_workers=args.dask_workers,
+        dbscan_tiles=args.dbscan_tiles,
         tracking_uri=args.tracking_uri,
         experiment=args.experiment,
     )

@@ -71,6 +71,7 @@ def preprocess_train(
     task_runner: Literal["local", "dask"] = "local",
     dask_address: str | None = None,
     dask_workers: Annotated[int, Field(ge=1)] | None = None,
+    dbscan_tiles: Annotated[int, Field(ge=0)] = 0,
     tracking_uri: str | None = None,
     experiment: str = tracking.DEFAULT_EXPERIMENT,
     mlflow_ui_url: str | None = None,
@@ -81,7 +82,8 @@ def preprocess_train(
     sections (``staypoints``, ``locations``, ...) take partial JSON: ``--param locations='{"epsilon_m": 50}'``
     sets one key and keeps the other defaults. ``raw_dir`` defaults to $NEXTLOC_GEOLIFE_DIR,
     ``data/raw/geolife``, a local archive, or the download. ``task_runner="dask"`` fans per-user work out
-    to a new ``LocalCluster`` of ``dask_workers`` processes, or to the cluster at ``dask_address``.
+    to a new ``LocalCluster`` of ``dask_workers`` processes, or to the cluster at ``dask_address``;
+    ``dbscan_tiles`` > 0 runs the dataset-level DBSCAN by that many spatial tiles there too (same ids).
 
     Promotion (the one champion rule, :mod:`tasks.promotion`): per model kind, the seed best on
     ``promote_metric`` (validation) is the challenger version; it takes the ``champion`` alias only if the
@@ -118,6 +120,7 @@ def preprocess_train(
             input_format=input_format,
             columns=columns,
             input_timezone=input_timezone,
+            dbscan_tiles=dbscan_tiles,
         )
         os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
         trained = train.with_options(task_runner=_process_pool(workers))(

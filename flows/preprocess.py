@@ -5,11 +5,12 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import Field
 
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
@@ -46,13 +47,16 @@ def preprocess(
     input_format: InputFormat = "geolife",
     columns: dict[str, str] | None = None,
     input_timezone: str = "UTC",
+    dbscan_tiles: Annotated[int, Field(ge=0)] = 0,
 ) -> dict[str, Any]:
     """Turn raw trajectories into staypoints, samples and metadata under ``data_dir``.
 
     ``input_format`` names the input kind: a GeoLife ``Data/`` tree (default), CSV or parquet
     positionfixes (one file or a folder; ``columns`` maps nextloc's column names to the files'), GPX
     folders (one per user), or already-extracted visits (they skip staypoint generation).
-    ``input_timezone`` is the zone of timestamps written without one.
+    ``input_timezone`` is the zone of timestamps written without one. ``dbscan_tiles`` > 0 runs the
+    dataset-level DBSCAN by that many spatial tiles with epsilon-wide halos, on the Dask workers when the
+    task runner is Dask (the same location ids, byte for byte; 0, the default, is sklearn on one machine).
 
     Every task is cached on its inputs' content fingerprints, its config and the library code: a rerun on
     unchanged input is all cache hits, and a changed parameter recomputes only the tasks below it.
@@ -110,7 +114,11 @@ def preprocess(
 
         # Dataset level: quality filter + DBSCAN, then samples
         located, located_stats = _ensure(
-            locate_staypoints_task.with_options(**store), staypoints, config, str(catalog.located)
+            locate_staypoints_task.with_options(**store),
+            staypoints,
+            config,
+            str(catalog.located),
+            dbscan_tiles,
         )
         upstream = {
             **located_stats,

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from nextloc.config import PreprocessConfig
-from nextloc.locations import generate_locations, merge_staypoints
+from nextloc.locations import MapFn, generate_locations, merge_staypoints
 from nextloc.quality import apply_quality_thresholds, filter_users_by_quality, user_extents
 from nextloc.sequences import (
     SPLITS,
@@ -68,7 +68,11 @@ class Dataset:
 
 
 def locate_staypoints(
-    staypoints: pd.DataFrame, tripleg_extents: pd.DataFrame, config: PreprocessConfig
+    staypoints: pd.DataFrame,
+    tripleg_extents: pd.DataFrame,
+    config: PreprocessConfig,
+    dbscan_tiles: int = 0,
+    map_fn: MapFn | None = None,
 ) -> LocatedStaypoints:
     """Reference steps 3-7: activity flag, user quality filter, dataset-level DBSCAN, drop noise.
 
@@ -77,6 +81,9 @@ def locate_staypoints(
             ``longitude``) sorted by user then start.
         tripleg_extents: per user ``tripleg_start`` / ``tripleg_end`` (NaT when none).
         config: the preprocessing configuration.
+        dbscan_tiles: 0 runs DBSCAN on one machine; ``n > 0`` by ``n`` spatial tiles (same labels;
+            :func:`nextloc.locations.partitioned_dbscan`).
+        map_fn: runs the tiles (default: the builtin ``map``).
 
     Returns:
         The located staypoints and counts for each step.
@@ -86,7 +93,7 @@ def locate_staypoints(
     kept = filter_users_by_quality(extents, config.quality)
     kept = apply_quality_thresholds(kept, staypoints, config.quality)
     sp = sp[sp["user_id"].isin(kept["user_id"]) & sp["is_activity"]].reset_index(drop=True)
-    sp = generate_locations(sp, config.locations)
+    sp = generate_locations(sp, config.locations, dbscan_tiles, map_fn)
     n_activity = len(sp)
     sp = sp[sp["location_id"].notna()].reset_index(drop=True)
     stats = {

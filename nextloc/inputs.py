@@ -20,7 +20,7 @@ Rows keep their read order: the staypoint step sorts by time (stable), as for Ge
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo
@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pcsv
+import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -141,11 +142,48 @@ def read_positionfix_files(files: list[Path], spec: InputSpec) -> tuple[pa.Table
         report. Use :func:`split_by_user` for the per-user partitions.
     """
     report = IngestReport()
-    parts = [_positionfix_batch(frame, where, spec, report) for frame, where in _frames(files, spec, report)]
-    parts = [p for p in parts if p.num_rows]
+    parts = list(iter_positionfix_batches(files, spec, report))
     table = pa.concat_tables(parts) if parts else POSITIONFIXES_SCHEMA.empty_table()
-    report.rows_read += table.num_rows
     return table, report
+
+
+def iter_positionfix_batches(files: list[Path], spec: InputSpec, report: IngestReport) -> Iterator[pa.Table]:
+    """Stream CSV or parquet positionfixes: the good rows of each batch (up to about a million rows), in file
+    and row order, with :data:`~nextloc.geolife.POSITIONFIXES_SCHEMA`; issues and counts go to ``report``."""
+    for frame, where in _frames(files, spec, report):
+        part = _positionfix_batch(frame, where, spec, report)
+        if part.num_rows:
+            report.rows_read += part.num_rows
+            yield part
+
+
+def spill_by_user(batches: Iterable[pa.Table], spill_dir: Path) -> dict[int, list[Path]]:
+    """Write each batch's rows to one Arrow IPC file per user under ``spill_dir`` (memory: one batch).
+
+    Reading a user's files in the returned order (:func:`read_spilled`) gives exactly that user's rows of
+    the whole stream, in order: :func:`split_by_user` of the concatenated batches, without holding them.
+
+    Returns:
+        user id -> the user's spill files, in stream order (ids sorted).
+    """
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    pieces: dict[int, list[Path]] = {}
+    for k, batch in enumerate(batches):
+        for user_id, part in split_by_user(batch).items():
+            path = spill_dir / f"{user_id}-{k:06d}.arrow"
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, part.schema) as writer:
+                writer.write_table(part)
+            pieces.setdefault(user_id, []).append(path)
+    return dict(sorted(pieces.items()))
+
+
+def read_spilled(paths: list[Path]) -> pa.Table:
+    """One user's rows back from :func:`spill_by_user`'s files, as one contiguous table."""
+    tables = []
+    for path in paths:
+        with pa.memory_map(str(path)) as source:
+            tables.append(pa.ipc.open_file(source).read_all())
+    return pa.concat_tables(tables).combine_chunks()
 
 
 def read_visit_files(files: list[Path], spec: InputSpec) -> tuple[pa.Table, IngestReport]:
@@ -276,7 +314,9 @@ def _csv_batches(path: Path, report: IngestReport) -> Iterator[tuple[pd.DataFram
 
 
 def _parquet_batches(path: Path) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
-    pf = pq.ParquetFile(path)
+    # pre_buffer (the default) keeps every column chunk read in a cache for the reader's lifetime: the
+    # whole compressed file ends up in memory (9.4 GB RSS for 400M fixes in benchmarks/scale.py)
+    pf = pq.ParquetFile(path, pre_buffer=False)
     start = 0
     for batch in pf.iter_batches(batch_size=_BATCH_ROWS):
         n = batch.num_rows
@@ -370,6 +410,9 @@ def _empty_rows(frame: pd.DataFrame, where: _Where, report: IngestReport) -> np.
     empty = np.ones(len(frame), bool)
     for column in frame.columns:
         values = frame[column]
+        if _typed(values):  # a number or a time is never blank text: only a missing value is empty
+            empty &= values.isna().to_numpy(bool)
+            continue
         empty &= (values.isna() | (values.astype("string").str.strip() == "")).fillna(True).to_numpy(bool)
     bad = np.zeros(len(frame), bool)
     for i in np.flatnonzero(empty):
@@ -377,9 +420,19 @@ def _empty_rows(frame: pd.DataFrame, where: _Where, report: IngestReport) -> np.
     return bad | empty
 
 
+def _typed(values: pd.Series) -> bool:
+    """A numeric (not boolean) or datetime column, as typed parquet gives: no text to parse."""
+    dtype = values.dtype
+    numeric = pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
+    return numeric or pd.api.types.is_datetime64_any_dtype(dtype)
+
+
 def _user_ids(values: pd.Series, bad: np.ndarray, where: _Where, report: IngestReport) -> np.ndarray:
-    text = values.astype("string").str.strip()
-    nums = pd.to_numeric(text, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    if pd.api.types.is_numeric_dtype(values.dtype) and not pd.api.types.is_bool_dtype(values.dtype):
+        nums = values.to_numpy(np.float64, na_value=np.nan)  # what the text route gives, without the text
+    else:
+        text = values.astype("string").str.strip()
+        nums = pd.to_numeric(text, errors="coerce").to_numpy(np.float64, na_value=np.nan)
     ok = np.isfinite(nums) & (nums >= 0) & (nums <= _MAX_USER_ID) & (np.floor(nums) == nums)
     _report_rows(~ok, bad, values, where, report, "bad_user_id", "user_id is not a whole number 0..2^31-1")
     return np.where(ok, nums, 0).astype(np.int64)

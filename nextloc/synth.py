@@ -90,22 +90,43 @@ class CsvSink(Sink):
 
 
 class ParquetSink(Sink):
-    """One parquet file (a row group per batch); ``columns`` renames nextloc's columns."""
+    """One parquet file; ``columns`` renames nextloc's columns.
 
-    def __init__(self, path: Path, columns: dict[str, str] | None = None):
+    A row group per batch, or with ``row_group_rows`` batches gathered into row groups of that many rows
+    (for large data sets: a user-day per row group would make the file's footer huge).
+    """
+
+    def __init__(self, path: Path, columns: dict[str, str] | None = None, row_group_rows: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.columns = columns or {}
+        self.row_group_rows = row_group_rows
         self._writer: pq.ParquetWriter | None = None
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
 
     def write(self, table: pa.Table, name: str = "") -> None:
         table = table.rename_columns([self.columns.get(c, c) for c in table.column_names])
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
-        self._writer.write_table(table)
+        if not self.row_group_rows:
+            self._writer.write_table(table)
+            return
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        if self._pending_rows >= self.row_group_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._writer is not None and self._pending:
+            self._writer.write_table(
+                pa.concat_tables(self._pending), row_group_size=max(1, self._pending_rows)
+            )
+        self._pending, self._pending_rows = [], 0
 
     def close(self) -> None:
         if self._writer is not None:
+            self._flush()
             self._writer.close()
 
 
@@ -211,14 +232,18 @@ def generate(
     out: Path,
     columns: dict[str, str] | None = None,
     timezone: str | None = None,
+    sink: Sink | None = None,
 ) -> dict[str, int]:
     """Write a synthetic data set in ``fmt`` to ``out``, one user-day at a time.
+
+    ``sink`` replaces the format's default sink (``out`` is then unused), e.g. a
+    ``ParquetSink(path, row_group_rows=1 << 20)`` for hundreds of millions of fixes.
 
     Returns:
         ``{"users": ..., "positionfixes": ..., "visits": ...}`` (what was written).
     """
     counts = {"users": config.n_users, "positionfixes": 0, "visits": 0}
-    with open_sink(fmt, out, columns, timezone) as sink:
+    with sink or open_sink(fmt, out, columns, timezone) as sink:
         for user in range(1, config.n_users + 1):
             rng = np.random.default_rng([config.seed, user])
             places = _anchors(config, rng)

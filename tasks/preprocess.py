@@ -8,6 +8,7 @@ DataFrames, cross task boundaries, so results are small, cacheable and shippable
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,12 +22,14 @@ from nextloc.fingerprint import combine, hash_files_memo
 from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
 from nextloc.inputs import (
     InputSpec,
+    iter_positionfix_batches,
     list_gpx_files,
     list_gpx_users,
     list_input_files,
     read_gpx_user,
-    read_positionfix_files,
+    read_spilled,
     read_visit_files,
+    spill_by_user,
     split_by_user,
 )
 from nextloc.sequences import SPLITS
@@ -35,6 +38,7 @@ from nextloc.storage import read_parquet, write_json, write_parquet
 from nextloc.vocabulary import location_vocabulary, user_vocabulary
 from tasks.caching import CACHE_POLICY, Artifact
 from tasks.catalog import Catalog
+from tasks.runners import tile_map
 
 
 @dataclass(frozen=True)
@@ -155,29 +159,37 @@ def ingest_gpx_user(user: RawUser, spec: InputSpec, out_path: str) -> IngestResu
 def ingest_table(raw: RawFiles, spec: InputSpec, catalog: Catalog) -> tuple[list[IngestResult], dict]:
     """Read CSV/parquet positionfixes of every user and write one positionfixes partition per user.
 
-    The files are not per user, so they are read here at once; the per-user staypoint tasks below stay
-    cached per user on the content of each partition (a user whose rows did not change is a cache hit).
+    The files are not per user: they are streamed a batch at a time, each batch's rows spilled per user
+    to scratch files, then each user's partition is written from its own pieces (memory: one batch plus
+    the largest user, not the data). The per-user staypoint tasks below stay cached per user on the
+    content of each partition (a user whose rows did not change is a cache hit).
     """
     logger = get_run_logger()
-    table, report = read_positionfix_files([Path(p) for p in raw.paths], spec)
+    report = IngestReport()
     results = []
-    for user_id, part in split_by_user(table).items():
-        out = catalog.positionfixes(user_id)
-        results.append(
-            IngestResult(
-                user_id,
-                Artifact.record(out, write_parquet(part, out)),
-                part.num_rows,
-                IngestReport().to_dict(),
+    n_rows = 0
+    catalog.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=catalog.root, prefix=".spill-") as spill:
+        batches = iter_positionfix_batches([Path(p) for p in raw.paths], spec, report)
+        for user_id, pieces in spill_by_user(batches, Path(spill)).items():
+            part = read_spilled(pieces)
+            out = catalog.positionfixes(user_id)
+            results.append(
+                IngestResult(
+                    user_id,
+                    Artifact.record(out, write_parquet(part, out)),
+                    part.num_rows,
+                    IngestReport().to_dict(),
+                )
             )
-        )
+            n_rows += part.num_rows
     if not results:
         raise ValueError(
             f"no valid positionfixes in {len(raw.paths)} {spec.format} file(s): {report.to_dict()['counts']}"
         )
     logger.info(
         "read %d positionfixes of %d users (%d rows skipped)",
-        table.num_rows,
+        n_rows,
         len(results),
         report.rows_skipped,
     )
@@ -261,9 +273,13 @@ def generate_staypoints_user(
 
 @task(name="locate-staypoints", cache_policy=CACHE_POLICY, persist_result=True)
 def locate_staypoints_task(
-    users: list[StaypointsResult], config: PreprocessConfig, out_path: str
+    users: list[StaypointsResult], config: PreprocessConfig, out_path: str, dbscan_tiles: int = 0
 ) -> tuple[Artifact, dict]:
-    """Quality filter + dataset-level DBSCAN over every user's staypoints."""
+    """Quality filter + dataset-level DBSCAN over every user's staypoints.
+
+    ``dbscan_tiles > 0`` clusters by that many spatial tiles (the same bytes out); on the Dask runner the
+    tiles run on the cluster's workers (:func:`tasks.runners.tile_map`).
+    """
     logger = get_run_logger()
     with_sp = [u for u in users if u.staypoints is not None and u.n_staypoints > 0]
     sp = pd.concat(
@@ -277,7 +293,7 @@ def locate_staypoints_task(
             "tripleg_end": pd.to_datetime([u.tripleg_end for u in users], utc=True),
         }
     )
-    located = locate_staypoints(sp, extents, config)
+    located = locate_staypoints(sp, extents, config, dbscan_tiles, tile_map() if dbscan_tiles else None)
     fingerprint = write_parquet(located.staypoints, Path(out_path))
     logger.info("located staypoints: %s", located.stats)
     return Artifact.record(out_path, fingerprint), located.stats

@@ -9,9 +9,11 @@ cross task boundaries, so workers need the data directory on a shared filesystem
 from __future__ import annotations
 
 import os
-from typing import Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 RunnerKind = Literal["local", "dask"]
@@ -61,3 +63,20 @@ def share_api_with_workers() -> None:
     if not os.environ.get("PREFECT_API_URL"):
         with get_client(sync_client=True) as client:
             os.environ["PREFECT_API_URL"] = str(client.api_url)
+
+
+def tile_map() -> Callable[..., Iterable[Any]]:
+    """A ``map`` for independent pieces of one task's work (DBSCAN tiles): on the flow's Dask cluster when
+    its task runner is Dask, else the builtin ``map`` in this process.
+
+    The Dask map submits plain functions through the runner's client and gathers the results in order.
+    """
+    ctx = FlowRunContext.get()
+    client = getattr(ctx.task_runner, "_client", None) if ctx is not None else None
+    if client is None:
+        return map
+
+    def dask_map(fn: Callable[..., Any], *iterables: Iterable[Any]) -> list[Any]:
+        return client.gather(client.map(fn, *(list(it) for it in iterables), pure=False))
+
+    return dask_map

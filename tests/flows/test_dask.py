@@ -17,20 +17,54 @@ def _digests(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in outputs}
 
 
-def test_dask_local_cluster_outputs_are_byte_identical(sample_dir, tmp_path):
+@pytest.fixture(scope="module")
+def local_run(sample_dir, tmp_path_factory):
     from flows.preprocess import preprocess
     from tasks.runners import make_task_runner
 
-    local = preprocess.with_options(task_runner=make_task_runner("local", 2))(
-        raw_dir=str(sample_dir), data_dir=str(tmp_path / "local")
+    root = tmp_path_factory.mktemp("local")
+    result = preprocess.with_options(task_runner=make_task_runner("local", 2))(
+        raw_dir=str(sample_dir), data_dir=str(root)
     )
+    return result, _digests(root)
+
+
+def test_dask_local_cluster_outputs_are_byte_identical(sample_dir, tmp_path, local_run):
+    from flows.preprocess import preprocess
+    from tasks.runners import make_task_runner
+
+    local, a = local_run
     dask = preprocess.with_options(task_runner=make_task_runner("dask", 2))(
         raw_dir=str(sample_dir), data_dir=str(tmp_path / "dask")
     )
     assert dask["stats"] == local["stats"]
-    a, b = _digests(tmp_path / "local"), _digests(tmp_path / "dask")
+    b = _digests(tmp_path / "dask")
     assert len(a) > 20  # per-user partitions, staypoints, samples, vocabulary, metadata, report
     assert a == b
+
+
+def test_dbscan_tiles_on_dask_workers_give_the_same_bytes(sample_dir, tmp_path, local_run, monkeypatch):
+    """DBSCAN by 4 spatial tiles, the tiles run on the cluster's workers: the local default's bytes."""
+    import distributed
+
+    from flows.preprocess import preprocess
+    from tasks.runners import make_task_runner
+
+    mapped = []
+    real_map = distributed.Client.map
+
+    def recording_map(self, func, *iterables, **kwargs):
+        mapped.append(getattr(func, "func", func).__name__)
+        return real_map(self, func, *iterables, **kwargs)
+
+    monkeypatch.setattr(distributed.Client, "map", recording_map)
+    local, a = local_run
+    dask = preprocess.with_options(task_runner=make_task_runner("dask", 2))(
+        raw_dir=str(sample_dir), data_dir=str(tmp_path / "dask"), dbscan_tiles=4
+    )
+    assert mapped == ["tile_core_counts", "tile_links"]
+    assert dask["stats"] == local["stats"]
+    assert _digests(tmp_path / "dask") == a
 
 
 def test_runner_choices_are_checked():
@@ -40,3 +74,10 @@ def test_runner_choices_are_checked():
         make_task_runner("spark")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="only used with task_runner='dask'"):
         make_task_runner("local", dask_address="tcp://127.0.0.1:8786")
+
+
+def test_tile_map_is_the_builtin_map_off_dask():
+    """Outside a flow, or on the local runner, DBSCAN tiles run in this process."""
+    from tasks.runners import tile_map
+
+    assert tile_map() is map

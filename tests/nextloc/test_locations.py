@@ -22,7 +22,7 @@ from sklearn.metrics.pairwise import haversine_distances
 
 from nextloc.config import LocationConfig, PreprocessConfig
 from nextloc.dataset import locate_staypoints
-from nextloc.locations import generate_locations, merge_staypoints
+from nextloc.locations import generate_locations, make_tiles, merge_staypoints, partitioned_dbscan
 from nextloc.quality import filter_users_by_quality, user_extents
 from nextloc.staypoints import EARTH_RADIUS_M, create_activity_flag
 
@@ -300,3 +300,111 @@ class TestMergeStaypoints:
 
     def test_empty_input(self):
         assert len(merge_staypoints(stays([]), 1.0)) == 0
+
+
+# --------------------------------------------------------------------------- #
+# DBSCAN by spatial tiles (the Dask path): the same labels as sklearn
+# --------------------------------------------------------------------------- #
+
+
+class TestPartitionedDbscan:
+    @pytest.mark.parametrize("order", ["lon_lat", "lat_lon"])
+    @pytest.mark.parametrize("tiles", [1, 2, 5, 16])
+    def test_identical_to_single_machine_on_sample(self, sample_staypoints, dbscan_input, order, tiles):
+        """The GeoLife sample (reference input and every staypoint): the same ids as sklearn, and the
+        same located frame, byte for byte after the reference's noise drop."""
+        cfg = LocationConfig(coordinate_order=order)
+        for sp in (dbscan_input, sample_staypoints[0]):
+            single = generate_locations(sp, cfg)
+            tiled = generate_locations(sp, cfg, tiles=tiles)
+            np.testing.assert_array_equal(labels_of(tiled), sklearn_labels(sp, order))
+            pd.testing.assert_frame_equal(tiled, single)
+
+    def test_locate_staypoints_with_tiles_is_identical(self, sample_staypoints):
+        single = locate_staypoints(*sample_staypoints, PreprocessConfig())
+        tiled = locate_staypoints(*sample_staypoints, PreprocessConfig(), dbscan_tiles=4)
+        pd.testing.assert_frame_equal(tiled.staypoints, single.staypoints)
+        assert tiled.stats == single.stats
+
+    def test_border_point_between_two_clusters_goes_to_the_first_cluster(self):
+        """A non-core point within epsilon of core points of two clusters: sklearn gives it to the cluster
+        whose first core row comes first; the tiles (which put it in another tile than one of them) agree."""
+        cfg = LocationConfig(epsilon_m=20, min_samples=4, coordinate_order="lat_lon")  # a true 20 m radius
+        a = [offset(0), offset(0.5), offset(1)]  # 1 m is core: 0, 0.5, 1 and the border point (19.7 m)
+        b = [offset(40.5), offset(41), offset(41.5)]  # 40.5 m is core: its 3 and the border point (19.8 m)
+        border = [offset(20.7)]  # neighbours: itself, 1 m and 40.5 m only -> 3 < 4, not core
+        far = [offset(-200), offset(-199.5), offset(-199), offset(-198.5)]
+        for rows, first in ((a + b + border + far, a), (b + a + border + far, b), (border + far + b + a, b)):
+            sp = points(rows)
+            single = labels_of(generate_locations(sp, cfg))
+            at = {row: i for i, row in enumerate(rows)}
+            assert single[at[border[0]]] == single[at[first[0]]] != -1
+            assert single[at[a[0]]] != single[at[b[0]]]
+            for tiles in (1, 2, 3, 6):
+                np.testing.assert_array_equal(labels_of(generate_locations(sp, cfg, tiles=tiles)), single)
+
+    @pytest.mark.parametrize("seed", range(6))
+    def test_random_clusters_with_ambiguous_border_points(self, seed):
+        """Dense and sparse blobs, duplicates and near-boundary points, every min_samples: equal labels."""
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(200, 2000))
+        centres = np.deg2rad(np.array(BEIJING)) + rng.random((int(rng.integers(2, 15)), 2)) * 2e-5
+        coords = centres[rng.integers(0, len(centres), n)] + rng.normal(
+            0, [1e-7, 1e-6, 3e-6][seed % 3], (n, 2)
+        )
+        if seed % 2:
+            coords = np.round(coords, 8)  # many exact duplicates
+        eps = 20 / EARTH_RADIUS_M
+        for min_samples in (1, 2, 3, 5):
+            ref = DBSCAN(eps=eps, min_samples=min_samples, algorithm="ball_tree", metric="haversine")
+            expected = ref.fit_predict(coords)
+            for tiles in (2, 7, 40):
+                np.testing.assert_array_equal(partitioned_dbscan(coords, eps, min_samples, tiles), expected)
+
+    def test_halo_holds_every_neighbour_of_owned_points(self, dbscan_input):
+        coords = np.deg2rad(dbscan_input[["longitude", "latitude"]].to_numpy())
+        eps = 20 / EARTH_RADIUS_M
+        tiles = make_tiles(coords, eps, 6)
+        assert len(tiles) == 6
+        owners = np.concatenate([t.index[t.owned] for t in tiles])
+        assert sorted(owners) == list(range(len(coords)))  # each point owned once
+        for tile in tiles:
+            near = haversine_distances(coords[tile.index[tile.owned]], coords) <= eps
+            assert set(np.flatnonzero(near.any(axis=0))) <= set(tile.index)
+
+    def test_tiles_run_through_the_given_map(self, dbscan_input):
+        calls = []
+
+        def recording_map(fn, *iterables):
+            items = list(zip(*iterables, strict=True))
+            calls.append(len(items))
+            return [fn(*args) for args in items]
+
+        tiled = generate_locations(dbscan_input, tiles=3, map_fn=recording_map)
+        assert calls == [3, 3]  # neighbour counts, then links
+        np.testing.assert_array_equal(labels_of(tiled), sklearn_labels(dbscan_input))
+
+    def test_points_across_90_degrees_stay_in_one_tile(self):
+        """lon_lat feeds longitudes as the formula's latitude: across 90 degrees the strip bound fails
+        (two points 180 degrees apart in that slot can be close), so no split, and still sklearn's labels."""
+        rng = np.random.default_rng(7)
+        x = np.deg2rad(90) + rng.normal(0, 2e-6, 500)
+        coords = np.column_stack([x, np.deg2rad(30) + rng.normal(0, 2e-6, 500)])
+        eps = 20 / EARTH_RADIUS_M
+        assert len(make_tiles(coords, eps, 8)) == 1
+        expected = DBSCAN(eps=eps, min_samples=3, algorithm="ball_tree", metric="haversine").fit_predict(
+            coords
+        )
+        np.testing.assert_array_equal(partitioned_dbscan(coords, eps, 3, 8), expected)
+        assert len(make_tiles(coords[x < np.deg2rad(90)], eps, 8)) == 8  # one side only: split
+        across = np.deg2rad([[-179.99999, 30.0], [179.99999, 30.0], [-100.0, 30.0]])
+        assert len(make_tiles(across, eps, 3)) == 1  # the antimeridian: 2 m apart, 360 degrees by value
+        np.testing.assert_array_equal(partitioned_dbscan(across, eps, 2, 3), [0, 0, -1])
+
+    def test_bad_tile_counts_and_empty_input(self):
+        with pytest.raises(ValueError, match="n_tiles must be at least 1, got 0"):
+            make_tiles(np.zeros((3, 2)), 1e-6, 0)
+        assert len(partitioned_dbscan(np.zeros((0, 2)), 1e-6, 2, 4)) == 0
+        one_place = np.zeros((5, 2))  # equal coordinates stay in one tile
+        assert len(make_tiles(one_place, 1e-6, 4)) == 1
+        np.testing.assert_array_equal(partitioned_dbscan(one_place, 1e-6, 2, 4), np.zeros(5, np.int64))
