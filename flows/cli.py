@@ -164,6 +164,13 @@ def _build_parser() -> argparse.ArgumentParser:
     y.add_argument("--seed", type=int, default=0)
     y.add_argument("--columns", default=None, help="rename columns: user_id=uid,tracked_at=time,...")
     y.add_argument("--local-timezone", default=None, help="write naive wall-clock times in this zone")
+    y.add_argument(
+        "--night-at-home",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stays reach midnight, as in continuously tracked data (DIY); --no-night-at-home: GeoLife-like "
+        "day records that start and end about an hour around the day's trips",
+    )
     y.set_defaults(func=_cmd_synth)
 
     s = sub.add_parser(
@@ -478,7 +485,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from nextloc.synth import SynthConfig, generate
 
     counts = generate(
-        SynthConfig(n_users=args.users, n_days=args.days, seed=args.seed),
+        SynthConfig(n_users=args.users, n_days=args.days, seed=args.seed, night_at_home=args.night_at_home),
         args.format,
         Path(args.out),
         columns=parse_columns(args.columns) or None,
