@@ -25,6 +25,7 @@ from nextloc.config import (
     StaypointConfig,
 )
 from nextloc.inputs import InputFormat
+from nextloc.profiles import DatasetProfile
 from tasks import tracking
 from tasks.locking import data_dir_lock
 from tasks.pipeline import publish_summary, resolve_raw_dir
@@ -144,6 +145,43 @@ def preprocess_train(
             **trained,
             "summary": summary,
         }
+
+
+def profile_parameters(
+    profile: DatasetProfile,
+    config: PreprocessConfig | None = None,
+    kinds: list[str] | None = None,
+    model_set: dict[str, Any] | None = None,
+    train_set: dict[str, Any] | None = None,
+    **inputs: Any,
+) -> dict[str, Any]:
+    """The ``preprocess-train`` parameters of a dataset profile, as plain JSON values.
+
+    The one resolution path from a profile to a run: ``nextloc run --dataset NAME`` calls it with the
+    command line's choices, ``flows/serve.py`` with none for the deployment ``preprocess-train/NAME``.
+
+    Args:
+        config: the preprocessing config (default: the profile's own, :meth:`DatasetProfile.config`).
+        kinds: the neural model kinds to give overrides (default: those the profile has presets for).
+        model_set, train_set: keys set on top of the presets for every kind in ``kinds``.
+        inputs: ``raw_dir``, ``data_dir``, ``input_format``, ``columns``, ``input_timezone`` over the
+            profile's (:meth:`DatasetProfile.inputs`).
+
+    Returns:
+        The input parameters, one per config section (``timezone``, ``staypoints``, ...: the whole section),
+        ``model_overrides`` and ``train_overrides``.
+    """
+    config = config or profile.config()
+    if kinds is None:
+        kinds = [k for k in NEURAL if k in profile.models or k in profile.train]
+    model_overrides, train_overrides = profile.presets(kinds, model_set, train_set)
+    sections = config.model_dump(mode="json")
+    return {
+        **profile.inputs(**inputs),
+        **{section: sections[section] for section in PreprocessConfig.model_fields},
+        "model_overrides": model_overrides,
+        "train_overrides": train_overrides,
+    }
 
 
 def _process_pool(workers: int):
