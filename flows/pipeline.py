@@ -44,7 +44,7 @@ Seed = Annotated[int, Field(ge=0)]
 
 @flow(
     name="preprocess-train",
-    flow_run_name="geolife {data_dir}: {models} x seeds {seeds}",
+    flow_run_name="{input_format} {data_dir}: {models} x seeds {seeds}",
     validate_parameters=True,
 )
 def preprocess_train(
@@ -76,13 +76,17 @@ def preprocess_train(
     experiment: str = tracking.DEFAULT_EXPERIMENT,
     mlflow_ui_url: str | None = None,
 ) -> dict[str, Any]:
-    """Preprocess GeoLife, train and evaluate every model x seed, register and promote, summarise.
+    """Preprocess trajectories (GeoLife by default), train and evaluate every model x seed, register and
+    promote, summarise.
 
     Parameters are typed and validated (by pydantic, through Prefect) before any work starts. The config
     sections (``staypoints``, ``locations``, ...) take partial JSON: ``--param locations='{"epsilon_m": 50}'``
     sets one key and keeps the other defaults. ``raw_dir`` defaults to $NEXTLOC_GEOLIFE_DIR,
     ``data/raw/geolife``, a local archive, or the download. ``task_runner="dask"`` fans per-user work out
     to a new ``LocalCluster`` of ``dask_workers`` processes, or to the cluster at ``dask_address``.
+    Each dataset profile is deployed as ``preprocess-train/<name>`` with the parameters
+    :func:`profile_parameters` gives it (``flows/serve.py``); a section passed at run time replaces the
+    profile's section.
 
     Promotion (the one champion rule, :mod:`tasks.promotion`): per model kind, the seed best on
     ``promote_metric`` (validation) is the challenger version; it takes the ``champion`` alias only if the
