@@ -193,6 +193,13 @@ def _build_parser() -> argparse.ArgumentParser:
     y.add_argument("--seed", type=int, default=0)
     y.add_argument("--columns", default=None, help="rename columns: user_id=uid,tracked_at=time,...")
     y.add_argument("--local-timezone", default=None, help="write naive wall-clock times in this zone")
+    y.add_argument(
+        "--night-at-home",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stays reach midnight, as in continuously tracked data (DIY); --no-night-at-home: GeoLife-like "
+        "day records that start and end about an hour around the day's trips",
+    )
     y.set_defaults(func=_cmd_synth)
 
     s = sub.add_parser(
@@ -235,26 +242,26 @@ def _add_input_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-timezone", default=None, help="zone of timestamps without one (default UTC)")
 
 
+def _input_options(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
+    """The input options given on the command line (``None`` where not given)."""
+    from nextloc.inputs import parse_columns
+
+    return {
+        "raw_dir": args.raw_dir,
+        "data_dir": args.data_dir or (None if profile else DEFAULT_DATA_DIR),
+        "input_format": args.input_format,
+        "columns": parse_columns(args.columns) if args.columns else None,
+        "input_timezone": args.input_timezone,
+    }
+
+
 def _input_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The dataset profile (or None) and the input: ``raw_dir``, ``data_dir``, ``input_format``, ``columns``,
-    ``input_timezone``. Command-line options win over the profile."""
-    from nextloc.inputs import InputSpec, parse_columns
-    from nextloc.profiles import load_profile
+    ``input_timezone``. Command-line options win over the profile (:meth:`DatasetProfile.inputs`)."""
+    from nextloc.profiles import DatasetProfile, load_profile
 
     profile = load_profile(args.dataset) if args.dataset else None
-    base = profile.input if profile else None
-    columns = parse_columns(args.columns) if args.columns else (dict(base.columns) if base else {})
-    spec = InputSpec(
-        format=args.input_format or (base.format if base else "geolife"),
-        columns=columns,
-        timezone=args.input_timezone or (base.timezone if base else "UTC"),
-    )
-    raw_dir = args.raw_dir or (base.raw_dir if base else None)
-    data_dir = args.data_dir or (profile.data_dir if profile else DEFAULT_DATA_DIR)
-    inputs: dict[str, Any] = {"raw_dir": str(raw_dir) if raw_dir else None, "data_dir": str(data_dir)}
-    if spec != InputSpec():  # a GeoLife input passes the flows the same parameters as before
-        inputs.update(input_format=spec.format, columns=spec.columns, input_timezone=spec.timezone)
-    return profile, inputs
+    return profile, (profile or DatasetProfile(name="geolife")).inputs(**_input_options(args, profile))
 
 
 def _check_raw_dir(raw_dir: str | None) -> None:
@@ -358,19 +365,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args, profile)
     _check_raw_dir(inputs["raw_dir"])
     models, seeds, neural, model_set, train_set = _train_plan(args)
-    presets = profile.models if profile else {}
-    train_presets = profile.train if profile else {}
-    from flows.pipeline import preprocess_train
+    from flows.pipeline import preprocess_train, profile_parameters
+    from nextloc.profiles import DatasetProfile
     from tasks.progress import quiet_task_runs_on_console
 
     quiet_task_runs_on_console()
     result = preprocess_train(
-        **inputs,
-        **{section: getattr(config, section) for section in PreprocessConfig.model_fields},
+        **profile_parameters(
+            profile or DatasetProfile(name="geolife"),
+            config=config,
+            kinds=neural,
+            model_set=model_set,
+            train_set=train_set,
+            **_input_options(args, profile),
+        ),
         models=models,
         seeds=seeds,
-        model_overrides={m: {**presets.get(m, {}), **model_set} for m in neural},
-        train_overrides={m: {**train_presets.get(m, {}), **train_set} for m in neural},
         device=args.device,
         workers=max(1, args.workers),
         task_runner=args.task_runner,
@@ -533,7 +543,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     from nextloc.synth import SynthConfig, generate
 
     counts = generate(
-        SynthConfig(n_users=args.users, n_days=args.days, seed=args.seed),
+        SynthConfig(n_users=args.users, n_days=args.days, seed=args.seed, night_at_home=args.night_at_home),
         args.format,
         Path(args.out),
         columns=parse_columns(args.columns) or None,

@@ -25,6 +25,7 @@ from nextloc.config import (
     StaypointConfig,
 )
 from nextloc.inputs import InputFormat
+from nextloc.profiles import DatasetProfile
 from tasks import tracking
 from tasks.locking import data_dir_lock
 from tasks.pipeline import publish_summary, resolve_raw_dir
@@ -43,7 +44,7 @@ Seed = Annotated[int, Field(ge=0)]
 
 @flow(
     name="preprocess-train",
-    flow_run_name="geolife {data_dir}: {models} x seeds {seeds}",
+    flow_run_name="{input_format} {data_dir}: {models} x seeds {seeds}",
     validate_parameters=True,
 )
 def preprocess_train(
@@ -76,7 +77,8 @@ def preprocess_train(
     experiment: str = tracking.DEFAULT_EXPERIMENT,
     mlflow_ui_url: str | None = None,
 ) -> dict[str, Any]:
-    """Preprocess GeoLife, train and evaluate every model x seed, register and promote, summarise.
+    """Preprocess trajectories (GeoLife by default), train and evaluate every model x seed, register and
+    promote, summarise.
 
     Parameters are typed and validated (by pydantic, through Prefect) before any work starts. The config
     sections (``staypoints``, ``locations``, ...) take partial JSON: ``--param locations='{"epsilon_m": 50}'``
@@ -84,6 +86,9 @@ def preprocess_train(
     ``data/raw/geolife``, a local archive, or the download. ``task_runner="dask"`` fans per-user work out
     to a new ``LocalCluster`` of ``dask_workers`` processes, or to the cluster at ``dask_address``;
     ``dbscan_tiles`` > 0 runs the dataset-level DBSCAN by that many spatial tiles there too (same ids).
+    Each dataset profile is deployed as ``preprocess-train/<name>`` with the parameters
+    :func:`profile_parameters` gives it (``flows/serve.py``); a section passed at run time replaces the
+    profile's section.
 
     Promotion (the one champion rule, :mod:`tasks.promotion`): per model kind, the seed best on
     ``promote_metric`` (validation) is the challenger version; it takes the ``champion`` alias only if the
@@ -147,6 +152,43 @@ def preprocess_train(
             **trained,
             "summary": summary,
         }
+
+
+def profile_parameters(
+    profile: DatasetProfile,
+    config: PreprocessConfig | None = None,
+    kinds: list[str] | None = None,
+    model_set: dict[str, Any] | None = None,
+    train_set: dict[str, Any] | None = None,
+    **inputs: Any,
+) -> dict[str, Any]:
+    """The ``preprocess-train`` parameters of a dataset profile, as plain JSON values.
+
+    The one resolution path from a profile to a run: ``nextloc run --dataset NAME`` calls it with the
+    command line's choices, ``flows/serve.py`` with none for the deployment ``preprocess-train/NAME``.
+
+    Args:
+        config: the preprocessing config (default: the profile's own, :meth:`DatasetProfile.config`).
+        kinds: the neural model kinds to give overrides (default: those the profile has presets for).
+        model_set, train_set: keys set on top of the presets for every kind in ``kinds``.
+        inputs: ``raw_dir``, ``data_dir``, ``input_format``, ``columns``, ``input_timezone`` over the
+            profile's (:meth:`DatasetProfile.inputs`).
+
+    Returns:
+        The input parameters, one per config section (``timezone``, ``staypoints``, ...: the whole section),
+        ``model_overrides`` and ``train_overrides``.
+    """
+    config = config or profile.config()
+    if kinds is None:
+        kinds = [k for k in NEURAL if k in profile.models or k in profile.train]
+    model_overrides, train_overrides = profile.presets(kinds, model_set, train_set)
+    sections = config.model_dump(mode="json")
+    return {
+        **profile.inputs(**inputs),
+        **{section: sections[section] for section in PreprocessConfig.model_fields},
+        "model_overrides": model_overrides,
+        "train_overrides": train_overrides,
+    }
 
 
 def _process_pool(workers: int):

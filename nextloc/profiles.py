@@ -4,10 +4,17 @@ A profile has four sections: ``input`` (an :class:`~nextloc.inputs.InputSpec` pl
 ``preprocess`` (partial :class:`~nextloc.config.PreprocessConfig`: only the keys that differ from the
 reference GeoLife protocol), ``models`` and ``train`` (per model kind, config and training overrides).
 Its outputs go under ``data/<name>/``. Unknown keys are rejected, naming the key.
+
+The profiles live in ``configs/datasets/`` (``$NEXTLOC_DATASETS_DIR`` points elsewhere). One resolution
+path turns a profile into the parameters of the flows: :meth:`DatasetProfile.inputs` (where and how to
+read, where to write), :meth:`DatasetProfile.config` (the protocol) and :meth:`DatasetProfile.presets`
+(per-model settings); ``flows.pipeline.profile_parameters`` assembles them for ``nextloc run --dataset``
+and for the deployment ``preprocess-train/<name>``.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +25,12 @@ from nextloc.config import PreprocessConfig, flatten, load_config
 from nextloc.inputs import InputSpec
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "configs" / "datasets"
+PROFILE_DIR_ENV = "NEXTLOC_DATASETS_DIR"
+
+
+def profile_dir() -> Path:
+    """The folder of the profiles: ``$NEXTLOC_DATASETS_DIR`` if set, else ``configs/datasets``."""
+    return Path(os.environ.get(PROFILE_DIR_ENV) or PROFILE_DIR)
 
 
 class ProfileInput(InputSpec):
@@ -42,6 +55,50 @@ class DatasetProfile(BaseModel):
         """Where the profile's outputs go."""
         return f"data/{self.name}"
 
+    def inputs(
+        self,
+        raw_dir: str | Path | None = None,
+        data_dir: str | Path | None = None,
+        input_format: str | None = None,
+        columns: dict[str, str] | None = None,
+        input_timezone: str | None = None,
+    ) -> dict[str, Any]:
+        """The input parameters of the flows; each argument given wins over the profile.
+
+        Returns:
+            ``raw_dir`` (``None``: found as for GeoLife) and ``data_dir``; for an input other than the GeoLife
+            defaults also ``input_format``, ``columns`` and ``input_timezone`` (so a GeoLife input passes the
+            flows the same parameters as before profiles existed).
+
+        Raises:
+            pydantic.ValidationError: on an unknown format, column or timezone (it names the field).
+        """
+        spec = InputSpec(
+            format=input_format or self.input.format,
+            columns=dict(self.input.columns) if columns is None else columns,
+            timezone=input_timezone or self.input.timezone,
+        )
+        raw = raw_dir or self.input.raw_dir
+        out: dict[str, Any] = {
+            "raw_dir": str(raw) if raw else None,
+            "data_dir": str(data_dir or self.data_dir),
+        }
+        if spec != InputSpec():
+            out.update(input_format=spec.format, columns=dict(spec.columns), input_timezone=spec.timezone)
+        return out
+
+    def presets(
+        self,
+        kinds: list[str],
+        model_set: dict[str, Any] | None = None,
+        train_set: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """``(model_overrides, train_overrides)`` for the model kinds: the profile's presets, then the given
+        keys on top (for every kind listed)."""
+        models = {k: {**self.models.get(k, {}), **(model_set or {})} for k in kinds}
+        train = {k: {**self.train.get(k, {}), **(train_set or {})} for k in kinds}
+        return models, train
+
     def config(self, overrides: dict[str, Any] | None = None, path: Path | None = None) -> PreprocessConfig:
         """The profile's preprocessing config; ``path`` (a YAML config) and ``overrides`` apply on top."""
         base = flatten(PreprocessConfig.model_validate(self.preprocess))
@@ -50,19 +107,20 @@ class DatasetProfile(BaseModel):
         return load_config(None, {**base, **(overrides or {})})
 
 
-def list_profiles(root: Path = PROFILE_DIR) -> list[str]:
-    """Names of the profiles present."""
-    return sorted(p.stem for p in Path(root).glob("*.yaml"))
+def list_profiles(root: Path | None = None) -> list[str]:
+    """Names of the profiles present in ``root`` (default :func:`profile_dir`)."""
+    return sorted(p.stem for p in Path(root or profile_dir()).glob("*.yaml"))
 
 
-def load_profile(name: str, root: Path = PROFILE_DIR) -> DatasetProfile:
-    """Read ``<root>/<name>.yaml``.
+def load_profile(name: str, root: Path | None = None) -> DatasetProfile:
+    """Read ``<root>/<name>.yaml`` (``root`` defaults to :func:`profile_dir`).
 
     Raises:
         FileNotFoundError: if there is no such profile (the message lists the ones present).
         ValueError: on bad YAML or a bad key (pydantic's error names it).
     """
-    path = Path(root) / f"{name}.yaml"
+    root = Path(root or profile_dir())
+    path = root / f"{name}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no dataset profile {name!r} in {root}; present: {list_profiles(root)}")
     try:

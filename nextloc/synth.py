@@ -2,7 +2,12 @@
 
 :func:`generate` makes ``n_users`` people, each with a home, a work place and a few other anchor places
 around a city centre, and lives ``n_days`` of routine: nights at home, weekdays at work with an
-occasional errand, weekends at the other places, all with random start times and durations. Trips move
+occasional errand, weekends at the other places, all with random start times and durations. With
+``night_at_home`` (the default) the first stay of a day starts at midnight (UTC) and the last one ends at
+midnight, so a user's stays cover every tracked day but its trips, as in continuously tracked data sets
+such as DIY: the tracking quality of 10-week windows is about 0.85 with the default ``skip_day_rate``, so
+users pass the DIY filter (``min_thres`` 0.6, ``mean_thres`` 0.7). Without it a day's record starts an
+hour before the first trip and ends an hour after the last (GeoLife-like habits; quality about 0.36). Trips move
 at city speeds; fixes come every few seconds while moving and sparser while staying, with metre-scale GPS
 noise (GeoLife-like rates). It is a workload for tests and benchmarks, never a stand-in for GeoLife in an
 accuracy claim.
@@ -92,11 +97,11 @@ class CsvSink(Sink):
 class ParquetSink(Sink):
     """One parquet file; ``columns`` renames nextloc's columns.
 
-    A row group per batch, or with ``row_group_rows`` batches gathered into row groups of that many rows
-    (for large data sets: a user-day per row group would make the file's footer huge).
+    Batches are buffered into row groups of at least ``row_group_rows`` rows (one row group per user-day
+    would make a DIY-size visits file mostly parquet overhead: 70 MB for 200,000 visits).
     """
 
-    def __init__(self, path: Path, columns: dict[str, str] | None = None, row_group_rows: int | None = None):
+    def __init__(self, path: Path, columns: dict[str, str] | None = None, row_group_rows: int = 65_536):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.columns = columns or {}
@@ -109,9 +114,6 @@ class ParquetSink(Sink):
         table = table.rename_columns([self.columns.get(c, c) for c in table.column_names])
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
-        if not self.row_group_rows:
-            self._writer.write_table(table)
-            return
         self._pending.append(table)
         self._pending_rows += table.num_rows
         if self._pending_rows >= self.row_group_rows:
@@ -119,9 +121,7 @@ class ParquetSink(Sink):
 
     def _flush(self) -> None:
         if self._writer is not None and self._pending:
-            self._writer.write_table(
-                pa.concat_tables(self._pending), row_group_size=max(1, self._pending_rows)
-            )
+            self._writer.write_table(pa.concat_tables(self._pending), row_group_size=max(1, self._pending_rows))
         self._pending, self._pending_rows = [], 0
 
     def close(self) -> None:
@@ -209,7 +209,11 @@ def open_sink(
 
 @dataclass(frozen=True)
 class SynthConfig:
-    """Size and behaviour of a synthetic data set."""
+    """Size and behaviour of a synthetic data set.
+
+    ``skip_day_rate`` is the share of untracked days; ``night_at_home`` makes the first and last stay of a
+    day reach midnight (see the module docstring); intervals are seconds between fixes.
+    """
 
     n_users: int = 10
     n_days: int = 90
@@ -224,6 +228,7 @@ class SynthConfig:
     speed_m_s: float = 8.0
     gps_noise_m: float = 5.0
     skip_day_rate: float = 0.1
+    night_at_home: bool = True
 
 
 def generate(
@@ -291,6 +296,10 @@ def _day_plan(config: SynthConfig, rng: np.random.Generator, user: int, day: int
         starts.append(t)
         ends.append(t + int(stay))
         where.append(int(place))
+        if config.night_at_home and k == 0:
+            starts[0] = min(base, t)  # the night since midnight, at home
+        elif config.night_at_home and k == len(plan) - 1:
+            ends[-1] = max(base + 24 * hour, t + 60 * 10**9)  # the evening until midnight, at home
         if k + 1 < len(plan):
             dist = _dist_m(places[place], places[plan[k + 1]])
             t = ends[-1] + int((dist / config.speed_m_s + 300) * 10**9)

@@ -106,3 +106,32 @@ class TestRoutesReproduceGeoLife:
         _preprocess(raw, tmp_path / "out", input_format="visits")
         for name in OUTPUTS[1:]:
             assert pq.read_table(geolife_route[0] / name).equals(pq.read_table(tmp_path / "out" / name)), name
+
+
+def test_diy_profile_end_to_end(tmp_path, monkeypatch):
+    """``nextloc run --dataset diy`` on a few dozen synthetic visit users, markov only: every user passes the
+    DIY quality filter, the profile's protocol reaches the dataset, and markov is trained and registered."""
+    import json
+
+    from flows import cli
+    from nextloc.synth import SynthConfig, generate
+
+    raw = tmp_path / "visits.parquet"
+    generate(SynthConfig(n_users=24, n_days=80, seed=5), "visits", raw)
+    out = tmp_path / "diy"
+    monkeypatch.setattr(cli, "configure_environment", lambda: None)  # the session's Prefect API and env
+    rc = cli.main(
+        ["run", "--dataset", "diy", "--raw-dir", str(raw), "--data-dir", str(out), "--model", "markov"]
+        + ["--workers", "1", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--experiment", "diy"]
+    )
+    assert rc == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["preprocessing"]["users_quality"] == meta["preprocessing"]["users_read"] == 24
+    # the protocol then keeps users with targets in every split (18 of 24 here: 8-day val/test splits)
+    assert meta["n_users"]["train"] == meta["n_users"]["test"] >= 12
+    assert meta["config"]["quality"]["min_thres"] == 0.6
+    assert meta["config"]["locations"]["epsilon_m"] == 50.0
+    assert meta["config"]["split"]["train"] == 0.8
+    results = json.loads((out / "results" / "markov" / "seed0" / "results.json").read_text())
+    assert results["n_test"] == meta["n_samples"]["test"] > 0
+    assert results["place_acc@1"] > 0

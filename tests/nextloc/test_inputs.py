@@ -239,6 +239,28 @@ class TestSynth:
         visits, _ = read_visit_files([tmp_path / "v.parquet"], InputSpec(format="visits"))
         assert visits.num_rows == counts["visits"]
 
+    def test_synthetic_visits_pass_the_diy_quality_filter(self, tmp_path):
+        """The DIY profile's tracking-quality thresholds keep every synthetic user (nights at home); the
+        GeoLife-like day records (no nights) fail them, so the default is what a DIY-size run needs."""
+        from nextloc.profiles import load_profile
+        from nextloc.quality import apply_quality_thresholds, filter_users_by_quality
+
+        quality = load_profile("diy").config().quality
+        kept = {}
+        for night in (True, False):
+            out = tmp_path / f"night{night}.parquet"
+            generate(SynthConfig(n_users=12, n_days=80, seed=3, night_at_home=night), "visits", out)
+            visits, report = read_visit_files([out], InputSpec(format="visits"))
+            assert report.rows_skipped == 0
+            frame = visits.to_pandas()
+            extents = frame.groupby("user_id", as_index=False).agg(
+                started_at=("started_at", "min"), finished_at=("finished_at", "max")
+            )
+            spanned = filter_users_by_quality(extents, quality)
+            kept[night] = set(apply_quality_thresholds(spanned, frame, quality)["user_id"])
+        assert kept[True] == set(range(1, 13))
+        assert kept[False] == set()
+
 
 class TestStreaming:
     def test_spilled_users_equal_split_by_user_of_the_whole(self, tmp_path, monkeypatch):

@@ -1,0 +1,161 @@
+"""One deployment per dataset profile (:func:`flows.serve.deployments`).
+
+The deployments are built from the shipped profiles and from a temporary profile folder with a third
+profile, registered with a real (temporary) Prefect API and read back from it; their parameters are the
+ones ``nextloc run --dataset NAME`` resolves (the same function), and a deployment whose input is missing
+fails its run naming the path.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows import cli, serve
+from nextloc.config import PreprocessConfig
+from nextloc.profiles import PROFILE_DIR, PROFILE_DIR_ENV
+
+SECTIONS = list(PreprocessConfig.model_fields)
+THIRD = """\
+input:
+  format: geolife
+  raw_dir: /nonexistent/beijing-raw
+preprocess:
+  timezone: Asia/Shanghai
+  locations: {epsilon_m: 50, coordinate_order: lat_lon}
+models:
+  pointer_plus: {d_model: 96}
+"""
+
+
+def _by_name(deployments: list) -> dict[str, Any]:
+    return {d.full_name: d for d in deployments}
+
+
+@pytest.fixture
+def profile_root(tmp_path: Path) -> Path:
+    """The shipped profiles plus a third one (GeoLife format, its own protocol and a missing raw folder)."""
+    root = tmp_path / "datasets"
+    shutil.copytree(PROFILE_DIR, root)
+    (root / "beijing.yaml").write_text(THIRD)
+    return root
+
+
+class TestDeployments:
+    def test_one_per_shipped_profile(self) -> None:
+        found = _by_name(serve.deployments())
+        assert set(found) == {"preprocess-train/geolife", "preprocess-train/diy", "retrain/geolife-dumps"}
+
+        geolife = found["preprocess-train/geolife"].parameters
+        assert (geolife["raw_dir"], geolife["data_dir"]) == (None, "data/geolife")
+        assert "input_format" not in geolife  # the GeoLife input: the flow's defaults
+        assert {s: geolife[s] for s in SECTIONS} == PreprocessConfig().model_dump(mode="json")
+        assert geolife["model_overrides"] == geolife["train_overrides"] == {}
+
+        diy = found["preprocess-train/diy"].parameters
+        assert (diy["raw_dir"], diy["data_dir"], diy["input_format"]) == (
+            "data/raw/diy",
+            "data/diy",
+            "visits",
+        )
+        assert diy["locations"]["epsilon_m"] == 50.0
+        assert (diy["quality"]["day_filter"], diy["quality"]["min_thres"], diy["quality"]["mean_thres"]) == (
+            60,
+            0.6,
+            0.7,
+        )
+        assert (diy["split"]["train"], diy["split"]["val"], diy["split"]["test"]) == (0.8, 0.1, 0.1)
+        assert diy["model_overrides"]["mhsa"]["d_model"] == 96
+        assert diy["model_overrides"]["pointer"]["nhead"] == 4
+        assert diy["train_overrides"]["mhsa"] == {"batch_size": 256}
+        assert diy["train_overrides"]["pointer_plus"] == {"lr": 0.0007}
+
+        dumps = found["retrain/geolife-dumps"]
+        assert dumps.parameters["incoming_dir"] == "data/incoming"
+        assert (dumps.parameters["raw_dir"], dumps.parameters["data_dir"]) == (
+            "data/raw/geolife",
+            "data/geolife",
+        )
+        assert dumps.schedules, "retrain/geolife-dumps lost its cron schedule"
+
+    def test_a_third_profile_gets_its_deployments(self, profile_root: Path, monkeypatch) -> None:
+        monkeypatch.setenv(PROFILE_DIR_ENV, str(profile_root))
+        found = _by_name(serve.deployments())  # the folder from $NEXTLOC_DATASETS_DIR
+        assert set(found) == {
+            "preprocess-train/geolife",
+            "preprocess-train/diy",
+            "preprocess-train/beijing",
+            "retrain/geolife-dumps",
+            "retrain/beijing-dumps",
+        }
+        beijing = found["preprocess-train/beijing"].parameters
+        assert (beijing["raw_dir"], beijing["data_dir"]) == ("/nonexistent/beijing-raw", "data/beijing")
+        assert beijing["timezone"] == "Asia/Shanghai"
+        assert beijing["locations"]["coordinate_order"] == "lat_lon"
+        assert beijing["model_overrides"] == {"pointer_plus": {"d_model": 96}}
+        dumps = found["retrain/beijing-dumps"].parameters
+        assert dumps["incoming_dir"] == "data/incoming-beijing"  # not inside geolife's data/incoming
+        assert (dumps["raw_dir"], dumps["data_dir"]) == ("/nonexistent/beijing-raw", "data/beijing")
+        assert dumps["pipeline"]["locations"]["epsilon_m"] == 50.0
+        assert dumps["model_overrides"] == {"pointer_plus": {"d_model": 96}}
+
+    def test_an_empty_or_bad_profile_folder_is_named(self, tmp_path: Path) -> None:
+        with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+            serve.deployments(tmp_path)
+        (tmp_path / "bad.yaml").write_text("preprocess:\n  locations:\n    epsilon: 5\n")
+        with pytest.raises(ValueError, match="epsilon"):
+            serve.deployments(tmp_path)
+
+    def test_same_parameters_as_nextloc_run(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``nextloc run --dataset diy`` passes the flow exactly the deployment's parameters (one path)."""
+        import flows.pipeline
+
+        deployed = _by_name(serve.deployments())["preprocess-train/diy"].parameters
+        calls: dict[str, Any] = {}
+
+        def stub(**kwargs: Any) -> None:
+            calls.update(kwargs)
+            raise _FlowCalled
+
+        monkeypatch.setattr(flows.pipeline, "preprocess_train", stub)
+        monkeypatch.setattr(cli, "configure_environment", lambda: None)
+        monkeypatch.setattr(cli, "_check_raw_dir", lambda raw_dir: None)
+        with pytest.raises(_FlowCalled):
+            cli.main(["run", "--dataset", "diy", "--model", "markov,mhsa,pointer,pointer_plus"])
+        assert {k: calls[k] for k in deployed} == deployed
+        assert calls["models"] == ["markov", "mhsa", "pointer", "pointer_plus"]
+
+
+class _FlowCalled(Exception):
+    pass
+
+
+@pytest.mark.usefixtures("prefect_api")
+class TestRegistered:
+    def test_registered_and_a_missing_input_fails_naming_it(
+        self, profile_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from prefect.client.orchestration import get_client
+
+        from flows.pipeline import preprocess_train
+
+        built = serve.deployments(profile_root)
+        for deployment in built:
+            deployment.apply()
+        with get_client(sync_client=True) as client:
+            stored = {d.full_name: client.read_deployment_by_name(d.full_name) for d in built}
+        assert set(stored) == {d.full_name for d in built}
+        for deployment in built:
+            assert stored[deployment.full_name].parameters == deployment.parameters
+        assert stored["retrain/beijing-dumps"].schedules  # the cron travels
+
+        # a run of a deployment whose input folder is missing fails, naming the path, before any output
+        monkeypatch.chdir(tmp_path)
+        for name, missing in (("diy", "data/raw/diy"), ("beijing", "/nonexistent/beijing-raw")):
+            params = stored[f"preprocess-train/{name}"].parameters
+            with pytest.raises(FileNotFoundError, match=missing):
+                preprocess_train(**params, models=["markov"])
+            assert not (tmp_path / "data" / name / "samples").exists()
