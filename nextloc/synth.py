@@ -121,7 +121,9 @@ class ParquetSink(Sink):
 
     def _flush(self) -> None:
         if self._writer is not None and self._pending:
-            self._writer.write_table(pa.concat_tables(self._pending), row_group_size=max(1, self._pending_rows))
+            self._writer.write_table(
+                pa.concat_tables(self._pending), row_group_size=max(1, self._pending_rows)
+            )
         self._pending, self._pending_rows = [], 0
 
     def close(self) -> None:
