@@ -98,10 +98,13 @@ class ParquetSink(Sink):
     """One parquet file; ``columns`` renames nextloc's columns.
 
     Batches are buffered into row groups of at least ``row_group_rows`` rows (one row group per user-day
-    would make a DIY-size visits file mostly parquet overhead: 70 MB for 200,000 visits).
+    would make a DIY-size visits file mostly parquet overhead: 70 MB for 200,000 visits); ``None`` writes
+    a row group per batch.
     """
 
-    def __init__(self, path: Path, columns: dict[str, str] | None = None, row_group_rows: int = 65_536):
+    def __init__(
+        self, path: Path, columns: dict[str, str] | None = None, row_group_rows: int | None = 65_536
+    ):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.columns = columns or {}
@@ -114,6 +117,9 @@ class ParquetSink(Sink):
         table = table.rename_columns([self.columns.get(c, c) for c in table.column_names])
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
+        if not self.row_group_rows:
+            self._writer.write_table(table)
+            return
         self._pending.append(table)
         self._pending_rows += table.num_rows
         if self._pending_rows >= self.row_group_rows:

@@ -27,10 +27,8 @@ def _run(sample_dir: Path, data_dir: Path, config: PreprocessConfig | None = Non
     return preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir), config=config, return_state=True)
 
 
-def _task_states(state, expected: int | None = None) -> dict[str, str]:
-    from conftest import read_task_states  # tests/ is on sys.path (pytest's rootdir conftest)
-
-    return read_task_states(state.state_details.flow_run_id, expected)
+def _task_states(task_states, state, expected: int | None = None) -> dict[str, str]:
+    return task_states(state.state_details.flow_run_id, expected)
 
 
 def _mtimes(root: Path) -> dict[str, int]:
@@ -82,12 +80,12 @@ class TestPreprocessFlow:
         pfs = pq.read_table(parts[0]).schema
         assert str(pfs.field("tracked_at").type) == "timestamp[ns, tz=UTC]"
 
-    def test_rerun_is_fully_cached(self, first_run, sample_dir):
+    def test_rerun_is_fully_cached(self, first_run, sample_dir, task_states):
         """A second run on unchanged input recomputes nothing and rewrites no file."""
         data_dir, result = first_run
         before = _mtimes(data_dir)
         state = _run(sample_dir, data_dir)
-        states = _task_states(state, expected=2)
+        states = _task_states(task_states, state, expected=2)
         assert state.result()["users_run"] == {"ingest": 0, "staypoints": 0}  # all 22 read from the cache
         # every cached step was read back from Prefect's cache, none ran: only the two cheap IO tasks did
         assert {n.rsplit("-", 1)[0] for n in states} == {"discover-raw-users", "write-ingest-report"}
@@ -95,13 +93,13 @@ class TestPreprocessFlow:
         assert _mtimes(data_dir) == before
         assert state.result()["stats"] == result["stats"]
 
-    def test_changed_parameter_recomputes_downstream_only(self, first_run, sample_dir):
+    def test_changed_parameter_recomputes_downstream_only(self, first_run, sample_dir, task_states):
         """Changing a DBSCAN parameter reuses ingestion and staypoints, recomputes locations and samples."""
         data_dir, _ = first_run
         before = _mtimes(data_dir)
         config = load_config(overrides={"locations.epsilon_m": 50})
         state = _run(sample_dir, data_dir, config)
-        states = _task_states(state, expected=4)
+        states = _task_states(task_states, state, expected=4)
         assert state.result()["users_run"] == {"ingest": 0, "staypoints": 0}
         assert next(s for n, s in states.items() if n.startswith("locate-staypoints")) == "Completed"
         after = _mtimes(data_dir)

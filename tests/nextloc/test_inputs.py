@@ -305,7 +305,7 @@ class TestStreaming:
 
         cfg = SynthConfig(n_users=2, n_days=5, seed=3)
         plain, grouped = tmp_path / "plain.parquet", tmp_path / "grouped.parquet"
-        generate(cfg, "parquet", plain)
+        generate(cfg, "parquet", plain, sink=ParquetSink(plain, row_group_rows=None))  # a group per batch
         generate(cfg, "parquet", grouped, sink=ParquetSink(grouped, row_group_rows=5000))
         a, b = pq.ParquetFile(plain), pq.ParquetFile(grouped)
         assert b.metadata.num_row_groups < a.metadata.num_row_groups
