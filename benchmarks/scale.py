@@ -41,6 +41,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from preprocess import _WRAPPER  # noqa: E402  (the one measuring wrapper, benchmarks/preprocess.py)
+
 REPO = Path(__file__).resolve().parents[1]
 GEOLIFE_FIXES = 24_722_141
 GEOLIFE_USERS = 182
@@ -249,16 +252,6 @@ def _stage_spans(flow_run_id: str) -> dict[str, dict[str, float]]:
                 "task_runs": len(mine),
             }
     return spans
-
-
-_WRAPPER = """
-import json, resource, subprocess, sys
-proc = subprocess.run(sys.argv[2:])
-use = resource.getrusage(resource.RUSAGE_CHILDREN)
-with open(sys.argv[1], "w") as fh:
-    json.dump({"rc": proc.returncode, "cpu_s": use.ru_utime + use.ru_stime, "maxrss_kb": use.ru_maxrss}, fh)
-sys.exit(proc.returncode)
-"""
 
 
 class _TreeSampler(threading.Thread):
