@@ -1,6 +1,7 @@
 """The ``nextloc`` command: runs the Prefect flows with embedded defaults.
 
-Defaults make a bare machine work: Prefect's ephemeral local API with its state under ``./.prefect``,
+Defaults make a bare machine work: a temporary local Prefect API (:mod:`flows.local_api`) with its state
+under ``./.prefect``,
 telemetry off, and library logs routed into the flow-run logs. Every preprocessing config key is also a
 command-line option (``--locations.epsilon_m 50``), and ``--set key=value`` takes any of them.
 """
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from flows import OFFLINE_DEFAULTS
+from flows import OFFLINE_DEFAULTS, local_api
 from nextloc.config import PreprocessConfig, flatten, load_config
 from nextloc.inputs import INPUT_FORMATS
 from nextloc.rawdata import DEFAULT_RAW_DIR
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         log.error("%s", err)
         return 2
+    finally:
+        local_api.stop()
 
 
 def _report_to_services() -> None:
@@ -350,11 +353,13 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     if not inputs["raw_dir"]:
         raise ValueError("--raw-dir is required (or a --dataset profile naming its raw_dir)")
     _check_raw_dir(inputs["raw_dir"])
+    local_api.start_if_needed()  # the arguments are valid: the API boots while the flow imports
     from flows.preprocess import preprocess
     from tasks.progress import quiet_task_runs_on_console
 
     quiet_task_runs_on_console()
-    result = preprocess(config=config, **inputs)
+    with local_api.ready():
+        result = preprocess(config=config, **inputs)
     _print_summary(result)
     return 0
 
@@ -364,32 +369,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
     profile, inputs = _input_from_args(args)
     config = _config_from_args(args, profile)
     _check_raw_dir(inputs["raw_dir"])
-    models, seeds, neural, model_set, train_set = _train_plan(args)
+    models, seeds, model_set, train_set = _train_plan(args)
+    local_api.start_if_needed()  # the arguments are valid: the API boots while the flows import
+    neural = _neural(models)
     from flows.pipeline import preprocess_train, profile_parameters
     from nextloc.profiles import DatasetProfile
     from tasks.progress import quiet_task_runs_on_console
 
     quiet_task_runs_on_console()
-    result = preprocess_train(
-        **profile_parameters(
-            profile or DatasetProfile(name="geolife"),
-            config=config,
-            kinds=neural,
-            model_set=model_set,
-            train_set=train_set,
-            **_input_options(args, profile),
-        ),
-        models=models,
-        seeds=seeds,
-        device=args.device,
-        workers=max(1, args.workers),
-        task_runner=args.task_runner,
-        dask_address=args.dask_address,
-        dask_workers=args.dask_workers,
-        dbscan_tiles=args.dbscan_tiles,
-        tracking_uri=args.tracking_uri,
-        experiment=args.experiment,
+    parameters = profile_parameters(
+        profile or DatasetProfile(name="geolife"),
+        config=config,
+        kinds=neural,
+        model_set=model_set,
+        train_set=train_set,
+        **_input_options(args, profile),
     )
+    with local_api.ready():
+        result = preprocess_train(
+            **parameters,
+            models=models,
+            seeds=seeds,
+            device=args.device,
+            workers=max(1, args.workers),
+            task_runner=args.task_runner,
+            dask_address=args.dask_address,
+            dask_workers=args.dask_workers,
+            dbscan_tiles=args.dbscan_tiles,
+            tracking_uri=args.tracking_uri,
+            experiment=args.experiment,
+        )
     _print_summary(result)
     _print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
     for kind, decision in result["promotion"].items():
@@ -397,13 +406,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], list[str], dict, dict]:
-    from tasks.train import NEURAL
-
+def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, dict]:
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
-    neural = [m for m in models if m in NEURAL]
-    return models, seeds, neural, _kv(args.model_set), _kv(args.train_set)
+    return models, seeds, _kv(args.model_set), _kv(args.train_set)
+
+
+def _neural(models: list[str]) -> list[str]:
+    from tasks.train import NEURAL  # imports torch
+
+    return [m for m in models if m in NEURAL]
 
 
 def _kv(items: list[str]) -> dict[str, Any]:
@@ -417,27 +429,29 @@ def _kv(items: list[str]) -> dict[str, Any]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    models, seeds, model_set, train_set = _train_plan(args)
+    local_api.start_if_needed()  # the arguments are valid: the API boots while the flow imports
+    neural = _neural(models)
     from prefect.task_runners import ProcessPoolTaskRunner
 
     from flows.train import train
     from tasks.progress import quiet_task_runs_on_console
 
     quiet_task_runs_on_console()
-
-    models, seeds, neural, model_set, train_set = _train_plan(args)
     workers = max(1, args.workers)
     os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     runner = ProcessPoolTaskRunner(max_workers=workers)
-    result = train.with_options(task_runner=runner)(
-        data_dir=str(args.data_dir),
-        models=models,
-        seeds=seeds,
-        model_overrides={m: model_set for m in neural},
-        train_overrides={m: train_set for m in neural},
-        tracking_uri=args.tracking_uri,
-        experiment=args.experiment,
-        device=args.device,
-    )
+    with local_api.ready():
+        result = train.with_options(task_runner=runner)(
+            data_dir=str(args.data_dir),
+            models=models,
+            seeds=seeds,
+            model_overrides={m: model_set for m in neural},
+            train_overrides={m: train_set for m in neural},
+            tracking_uri=args.tracking_uri,
+            experiment=args.experiment,
+            device=args.device,
+        )
     _print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
     return 0
 

@@ -46,7 +46,6 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.metrics import f1_score, roc_auc_score
 
 from nextloc.data import Batch, SampleTensors
 from nextloc.sequences import FIRST_PLACE, UNSEEN
@@ -171,7 +170,12 @@ def new_place_metrics(targets: np.ndarray, p_new: np.ndarray | None = None) -> d
     if p_new.size and (np.isnan(p_new).any() or p_new.min() < 0 or p_new.max() > 1):
         raise ValueError("P(new place) must be probabilities in [0, 1]")
     both = 0 < is_new.sum() < is_new.size
-    out["new_place_auc"] = float(roc_auc_score(is_new, p_new) * 100) if both else float("nan")
+    if both:
+        from sklearn.metrics import roc_auc_score  # imported when used: sklearn takes ~1 s to import
+
+        out["new_place_auc"] = float(roc_auc_score(is_new, p_new) * 100)
+    else:
+        out["new_place_auc"] = float("nan")
     out["new_place_brier"] = float(np.mean((p_new - is_new) ** 2)) if p_new.size else float("nan")
     return out
 
@@ -349,6 +353,8 @@ def _weighted_f1(targets: np.ndarray, predicted: np.ndarray) -> float:
     """Weighted F1 in percent (NaN without samples): the reference's ``f1_score(average="weighted")``."""
     if not len(targets):
         return float("nan")
+    from sklearn.metrics import f1_score  # imported when used: sklearn takes ~1 s to import
+
     return float(f1_score(targets, predicted, average="weighted", zero_division=0) * 100)
 
 

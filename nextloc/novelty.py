@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.linear_model import LogisticRegression
 
 from nextloc.data import Batch
 from nextloc.sequences import FIRST_PLACE, PAD, UNSEEN
@@ -126,6 +125,8 @@ class NewPlaceHead:
         mean = x.mean(axis=0)
         scale = x.std(axis=0)
         scale = np.where(scale > 1e-12, scale, 1.0)
+        from sklearn.linear_model import LogisticRegression  # sklearn takes ~1 s to import: only when fitting
+
         model = LogisticRegression(C=c, max_iter=1000).fit((x - mean) / scale, y)
         return cls(
             features=FEATURES,

@@ -30,6 +30,7 @@ from nextloc.evaluate import champion_decision, pack_batch, score_split
 from nextloc.metrics import PLACE_KEYS, REFERENCE_KEYS
 from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
+from tasks.caching import CACHE_POLICY, cached_result
 from tasks.catalog import Catalog
 from tasks.evaluate import load_scorer
 from tasks.tracking import mlflow_name, selected_name
@@ -108,7 +109,9 @@ def champion_challenger(
             "reason": "the challenger already is the champion (cached)",
         }
     else:
-        scored = _score_champion(kind, champion, data, decision_metric, match_radius_m, tracking_cfg)
+        scored = score_champion_cached(
+            kind, str(champion.version), champion.run_id, data, decision_metric, match_radius_m, tracking_cfg
+        )
         head.update(champion_version=str(champion.version), champion_run_id=champion.run_id, **scored["how"])
         if scored["outcomes"] is None:
             decision = {**head, "promoted": True, "reason": f"the champion cannot be scored: {scored['why']}"}
@@ -125,22 +128,61 @@ def champion_challenger(
     return decision
 
 
-def _score_champion(
-    kind: str, champion, data: DataRef, metric: str, radius_m: float, tracking_cfg: TrackingConfig
+def score_champion_cached(
+    kind: str,
+    version: str,
+    run_id: str,
+    data: DataRef,
+    metric: str,
+    radius_m: float,
+    tracking_cfg: TrackingConfig,
+) -> dict[str, Any]:
+    """:func:`score_champion`, read from the data directory's cache when this champion version was already
+    scored on this test split (a rerun, or a challenger that lost): no model is loaded then."""
+    cache = Catalog(data.data_dir).cache
+    scorer = score_champion.with_options(result_storage=cache)
+    parameters = {
+        "kind": kind,
+        "version": version,
+        "run_id": run_id,
+        "data": data,
+        "metric": metric,
+        "radius_m": radius_m,
+        "tracking_cfg": tracking_cfg,
+    }
+    hit, scored = cached_result(scorer, parameters, cache)
+    return scored if hit else scorer(**parameters)
+
+
+@task(
+    name="score-champion",
+    task_run_name="score champion: {kind} v{version}",
+    cache_policy=CACHE_POLICY,
+    persist_result=True,
+)
+def score_champion(
+    kind: str,
+    version: str,
+    run_id: str,
+    data: DataRef,
+    metric: str,
+    radius_m: float,
+    tracking_cfg: TrackingConfig,
 ) -> dict[str, Any]:
     """The champion's per-sample ``metric`` on the current test split, the user group of every sample, and
-    how the samples were read (``outcomes`` None with ``why`` when it cannot be scored)."""
+    how the samples were read (``outcomes`` None with ``why`` when it cannot be scored).
+
+    Cached on the version, its run, the samples' fingerprints, the metric, the radius and the code.
+    """
     client = tracking.MlflowClient()
-    run = client.get_run(champion.run_id)
+    run = client.get_run(run_id)
     catalog = Catalog(data.data_dir)
     table = pq.read_table(catalog.samples("test"))
     users_now = pd.read_parquet(catalog.vocabulary("users"))
     with tempfile.TemporaryDirectory() as tmp:
         try:
             folder = Path(
-                mlflow.artifacts.download_artifacts(
-                    run_id=champion.run_id, artifact_path="vocabulary", dst_path=tmp
-                )
+                mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="vocabulary", dst_path=tmp)
             )
             users_then = pd.read_parquet(folder / "users.parquet")
             locations_then = pd.read_parquet(folder / "locations.parquet")
@@ -168,7 +210,7 @@ def _score_champion(
             **{f"translation.{k}": round(v, 2) for k, v in stats.items()},
         }
         groups_by_user = user_data_groups(users_now, users_then)
-    scorer = load_scorer(kind, str(champion.version), tracking_cfg.tracking_uri, tracking_cfg.experiment)
+    scorer = load_scorer(kind, version, tracking_cfg.tracking_uri, tracking_cfg.experiment)
     samples = SampleTensors(table)
     per_sample = score_split(lambda batch: scorer(pack_batch(batch)), samples).accumulator.per_sample()
     groups = np.array([groups_by_user.get(int(u), "new_user") for u in samples.user_id_np], dtype=object)
