@@ -131,7 +131,7 @@ def user_extents(staypoints: pd.DataFrame, tripleg_extents: pd.DataFrame) -> pd.
     tpl = tpl.rename(columns={"tripleg_start": "started_at", "tripleg_end": "finished_at"})[
         ["started_at", "finished_at"]
     ]
-    both = pd.concat([sp, tpl])
+    both = pd.concat([part for part in (sp, tpl) if len(part)] or [sp])  # visits input has no triplegs
     out = both.groupby(level=0).agg(started_at=("started_at", "min"), finished_at=("finished_at", "max"))
     out.index.name = "user_id"
     return out.reset_index().sort_values("user_id", ignore_index=True)
