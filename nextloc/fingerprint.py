@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import xxhash
@@ -56,9 +57,7 @@ def hash_files_memo(paths: Iterable[Path], memo: dict[str, list], root: Path | N
     Returns:
         The combined fingerprint.
     """
-    if memo.get(_MEMO_ALGORITHM_KEY) != [FILE_HASH]:
-        memo.clear()
-        memo[_MEMO_ALGORITHM_KEY] = [FILE_HASH]
+    _check_memo(memo)
     digest = hashlib.blake2b(digest_size=16)
     for path in paths:
         st = path.stat()
@@ -70,3 +69,25 @@ def hash_files_memo(paths: Iterable[Path], memo: dict[str, list], root: Path | N
         name = str(path.relative_to(root)) if root is not None else path.name
         digest.update(name.encode() + b"\0" + entry[2].encode() + b"\n")
     return digest.hexdigest()
+
+
+def hash_file_groups_memo(
+    groups: Sequence[tuple[Sequence[Path], Path | None]], memo: dict[str, list], threads: int = 8
+) -> list[str]:
+    """:func:`hash_files_memo` of each ``(paths, root)`` group, groups read in parallel; fingerprints in order.
+
+    Reading is what a cold fingerprint costs (1.6 GB of GeoLife: 2.5 s from disk on one thread, 1.7 s on
+    8; 0.4 s from the page cache), and threads overlap it: the file reads and the hashing release the GIL.
+    """
+    _check_memo(memo)  # once, before the threads add to it
+    if threads <= 1 or len(groups) <= 1:
+        return [hash_files_memo(paths, memo, root) for paths, root in groups]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="fingerprint") as pool:
+        return list(pool.map(lambda group: hash_files_memo(group[0], memo, group[1]), groups))
+
+
+def _check_memo(memo: dict[str, list]) -> None:
+    """Empty a memo made with another file-hash algorithm and mark it with this one."""
+    if memo.get(_MEMO_ALGORITHM_KEY) != [FILE_HASH]:
+        memo.clear()
+        memo[_MEMO_ALGORITHM_KEY] = [FILE_HASH]

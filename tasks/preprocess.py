@@ -18,7 +18,7 @@ from prefect import get_run_logger, task
 
 from nextloc.config import PreprocessConfig, StaypointConfig
 from nextloc.dataset import build_dataset, locate_staypoints
-from nextloc.fingerprint import combine, hash_files_memo
+from nextloc.fingerprint import combine, hash_file_groups_memo, hash_files_memo
 from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
 from nextloc.inputs import (
     InputSpec,
@@ -108,11 +108,14 @@ def discover_raw_users(
     users, report = list_gpx_users(Path(raw_dir)) if gpx else list_user_dirs(Path(raw_dir))
     memo_path = catalog.raw_hash_memo
     memo: dict[str, list] = json.loads(memo_path.read_text()) if memo_path.exists() else {}
-    found = []
-    for user_id, folder in users:
-        files = list_gpx_files(folder) if gpx else list_plt_files(folder)
-        fingerprint = hash_files_memo(files, memo, root=folder)
-        found.append(RawUser(user_id, str(folder), fingerprint, len(files)))
+    files = [list_gpx_files(folder) if gpx else list_plt_files(folder) for _, folder in users]
+    fingerprints = hash_file_groups_memo(
+        [(f, folder) for f, (_, folder) in zip(files, users, strict=True)], memo
+    )
+    found = [
+        RawUser(user_id, str(folder), fingerprint, len(f))
+        for (user_id, folder), f, fingerprint in zip(users, files, fingerprints, strict=True)
+    ]
     write_json(memo, memo_path)
     logger.info(
         "found %d user folders (%d %s files) under %s",
