@@ -1,0 +1,95 @@
+"""Where a training step's time goes: torch's operator profile of one model kind's recipe, kept as a file.
+
+    python benchmarks/profile_train.py --data-dir data/geolife --kinds mhsa,pointer,pointer_plus
+
+writes ``benchmarks/profiles/train-<kind>-ops.txt``: the command, the training samples/s of the warm-up
+batches (one intra-op thread, as the trainings run in worker processes), then the operators of 40
+training steps (forward, loss, backward, clipping, optimiser step; the recipe's batches and loss) sorted
+by their own CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[0] = str(
+    REPO
+)  # not benchmarks/: its profile.py would shadow the standard library's (torch imports it)
+
+
+def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -> str:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from nextloc.data import SampleTensors
+    from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
+    from nextloc.train import TrainConfig, _loss, seed_everything
+
+    meta = json.loads((data_dir / "metadata.json").read_text())
+    torch.set_num_threads(1)
+    overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
+    config = TrainConfig.for_recipe(kind)
+    seed_everything(0, config.deterministic)
+    model = build_model(kind, meta["total_loc_num"], meta["total_user_num"], **overrides)
+    train = SampleTensors.from_parquet(data_dir / "samples" / "train.parquet")
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    generator = torch.Generator().manual_seed(0)
+    batches = list(
+        train.batches(
+            config.batch_size,
+            shuffle=True,
+            generator=generator,
+            drop_last=config.drop_last,
+            bucket=config.bucket,
+        )
+    )
+    model.train()
+
+    def step(batch) -> None:
+        if hasattr(model, "training_loss"):
+            loss = model.training_loss(batch, config.label_smoothing)
+        else:
+            loss = _loss(model(batch), batch.target, OUTPUT_IS_LOG_PROB[kind], config.label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+        optimizer.step()
+
+    start, n = time.perf_counter(), 0
+    for batch in batches[:warmup]:
+        step(batch)
+        n += len(batch.target)
+    rate = n / (time.perf_counter() - start)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches[warmup : warmup + steps]:
+            step(batch)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    return (
+        f"# {kind}: batch {config.batch_size}, bucketed {config.bucket}, 1 thread; warm-up {warmup} steps "
+        f"{rate:.0f} train samples/s\n# operators of the next {steps} steps, by own CPU time:\n{table}\n"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=REPO / "data" / "geolife")
+    parser.add_argument("--kinds", default="mhsa,pointer,pointer_plus")
+    args = parser.parse_args()
+    command = "python benchmarks/profile_train.py " + shlex.join(sys.argv[1:])
+    out_dir = REPO / "benchmarks" / "profiles"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for kind in args.kinds.split(","):
+        text = f"# command: {command}\n" + profile_kind(args.data_dir, kind)
+        (out_dir / f"train-{kind}-ops.txt").write_text(text)
+        print(text.splitlines()[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
