@@ -18,9 +18,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[0] = str(
-    REPO
-)  # not benchmarks/: its profile.py would shadow the standard library's (torch imports it)
+sys.path.insert(0, str(REPO))
 
 
 def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -> str:

@@ -190,6 +190,9 @@ def build_samples(split_df: pd.DataFrame, valid_ids: np.ndarray) -> list:
 
 # --------------------------------------------------------------------------------------------- main
 def main(argv: list[str]) -> int:
+    if argv[1:] in (["-h"], ["--help"]):
+        print("usage: " + __doc__)
+        return 0
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Profile a nextloc command with py-spy (every thread and subprocess) and keep a small summary file.
 
-    python benchmarks/profile.py --name preprocess-cold -- nextloc preprocess --raw-dir /tmp/geolife \\
+    python benchmarks/pyspy_profile.py --name preprocess-cold -- nextloc preprocess --raw-dir /tmp/geolife \\
         --data-dir /tmp/prof/out
 
 writes ``benchmarks/profiles/<name>.txt``: the command, then the inclusive share of samples of the
@@ -72,7 +72,7 @@ def summarise(lines: list[str], command: list[str], wall: float) -> str:
         for frame in {_frame(f) for f in stack.split(";")[1:]}:
             inclusive[frame] += n
     out = [
-        f"# command: {shlex.join(['python', 'benchmarks/profile.py', '--', *command])}",
+        f"# command: {shlex.join(['python', 'benchmarks/pyspy_profile.py', '--', *command])}",
         f"# wall {wall:.1f} s (under py-spy), {total} samples",
         "# inclusive share of samples, project functions:",
     ]
