@@ -10,7 +10,7 @@ on one core while the command imports on the other; the flows wait for it to ans
 Prefect's client's default 2 s back-off.
 
 The server lives as long as the command: :meth:`TemporaryAPI.stop` ends it (``nextloc`` calls it in a
-``finally``, and at exit as a fallback). Flow runs against it send no heartbeats (they detect crashed runs
+``finally``, and at exit as a fallback), and on Linux the kernel ends it if the command is killed. Flow runs against it send no heartbeats (they detect crashed runs
 for workers; a temporary API dies with its command) and link no Prefect UI (there is none to open later),
 as with Prefect's own temporary server.
 A configured API (``$PREFECT_API_URL``, an API in the active Prefect profile, or one already set in this
@@ -86,6 +86,7 @@ class TemporaryAPI:
                     "on",
                 ],
                 env=env,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -190,6 +191,14 @@ class RetrySoonOnBusy:
             await send(message)
 
         await self.app(scope, receive, send_with_retry_after)
+
+
+def _die_with_parent() -> None:
+    """In the server process (Linux): get SIGTERM when the command's process dies, even by SIGKILL."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:

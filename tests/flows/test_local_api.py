@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -156,3 +157,35 @@ def test_the_command_runs_on_its_own_api_and_stops_it(sample_dir: Path, tmp_path
     with pytest.raises(urllib.error.URLError):
         _get(f"{url}/health")
     assert (tmp_path / "out" / "metadata.json").is_file()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_command_takes_its_server_with_it(tmp_path: Path) -> None:
+    code = (
+        "import time\n"
+        "from flows import local_api\n"
+        "api = local_api.TemporaryAPI.start()\n"
+        "api.wait(120)\n"
+        "print(api.url, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    command = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**env, "PREFECT_HOME": str(tmp_path)},
+    )
+    url = command.stdout.readline().strip()
+    assert _get(f"{url}/health") == 200
+    command.kill()  # SIGKILL: no finally, no atexit
+    command.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            _get(f"{url}/health")
+        except urllib.error.URLError:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the server at {url} outlived its killed command")
