@@ -10,10 +10,10 @@ on one core while the command imports on the other; the flows wait for it to ans
 Prefect's client's default 2 s back-off.
 
 The server lives as long as the command: :meth:`TemporaryAPI.stop` ends it (``nextloc`` calls it in a
-``finally``, and at exit as a fallback), and on Linux the kernel ends it if the command is killed. Flow runs against it send no heartbeats (they detect crashed runs
-for workers; a temporary API dies with its command) and link no Prefect UI (there is none to open later),
-as with Prefect's own temporary server.
-A configured API (``$PREFECT_API_URL``, an API in the active Prefect profile, or one already set in this
+``finally``, and at exit as a fallback), and on Linux the kernel ends it if the command is killed. Flow
+runs against it send no heartbeats (they detect crashed runs for workers; a temporary API dies with its
+command) and link no Prefect UI (there is none to open later), as with Prefect's own temporary server. A
+configured API (``$PREFECT_API_URL``, an API in the active Prefect profile, or one already set in this
 process's Prefect settings) is used as it is, and nothing is started.
 """
 
