@@ -224,18 +224,30 @@ def api_configured() -> bool:
     return False
 
 
+_saved_env: dict[str, str | None] | None = None  # what the environment held before start_if_needed set it
+
+
 def start_if_needed() -> TemporaryAPI | None:
-    """Start this command's temporary API unless an API is configured; the started one (or None)."""
-    global _current
+    """Start this command's temporary API unless an API is configured; the started one (or None).
+
+    When Prefect is not imported yet (the command), ``$PREFECT_API_URL`` names the server and
+    ``$PREFECT_UI_URL`` is empty (no UI to link to) until :func:`stop`: Prefect's settings read them at
+    import, so every thread of the process sees them, not only the flows' context (:func:`ready`). A
+    thread that did not see the API would start Prefect's own temporary server.
+    """
+    global _current, _saved_env
     if _current is not None or api_configured():
         return _current
     _current = TemporaryAPI.start()
+    if "prefect" not in sys.modules:
+        _saved_env = {key: os.environ.get(key) for key in ("PREFECT_API_URL", "PREFECT_UI_URL")}
+        os.environ.update(PREFECT_API_URL=_current.url, PREFECT_UI_URL="")
     return _current
 
 
 def stop() -> None:
     """Send what Prefect still holds (logs, events) to this command's temporary API, then stop it."""
-    global _current
+    global _current, _saved_env
     api, _current = _current, None
     if api is None:
         return
@@ -247,6 +259,12 @@ def stop() -> None:
             with contextlib.suppress(Exception):
                 service.drain_all(timeout=5)
     api.stop()
+    for key, value in (_saved_env or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _saved_env = None
 
 
 @contextlib.contextmanager

@@ -127,21 +127,15 @@ def test_a_profile_naming_an_api_is_used_as_it_is(tmp_path: Path, monkeypatch: p
 
 
 def test_the_command_runs_on_its_own_api_and_stops_it(sample_dir: Path, tmp_path: Path) -> None:
-    """``nextloc preprocess`` on the real sample: its own API, no dead UI links, nothing left running."""
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    """``nextloc run`` on the real sample (a training in a worker process): one API, its own, for the main
+    thread, the other threads and the worker; no dead UI links; nothing left running."""
+    env = {k: v for k, v in os.environ.items() if k not in {"PREFECT_API_URL", "MLFLOW_TRACKING_URI"}}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), COLUMNS="250", NO_COLOR="1", NEXTLOC_PROGRESS="0")
+    env.update(PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "flows.cli", "run", "--raw-dir", str(sample_dir), "--model", "markov"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flows.cli",
-            "preprocess",
-            "--raw-dir",
-            str(sample_dir),
-            "--data-dir",
-            str(tmp_path / "out"),
-        ],
-        cwd=REPO,
+        [*command, "--data-dir", str(tmp_path / "out")],
+        cwd=tmp_path,  # its mlruns/ goes here
         capture_output=True,
         text=True,
         timeout=600,
@@ -157,6 +151,7 @@ def test_the_command_runs_on_its_own_api_and_stops_it(sample_dir: Path, tmp_path
     with pytest.raises(urllib.error.URLError):
         _get(f"{url}/health")
     assert (tmp_path / "out" / "metadata.json").is_file()
+    assert (tmp_path / "out" / "results" / "markov" / "seed0" / "results.json").is_file()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
