@@ -48,15 +48,15 @@ def entry() -> NoReturn:
 
     Freeing every object of torch, pandas, MLflow and Prefect one by one takes about 1.2 s at the end of
     each command, memory the OS takes back at once anyway. What an exit must do still happens, in order:
-    other threads finish, every ``atexit`` handler runs (logging's flush, Prefect's and MLflow's own), the
-    standard streams are flushed; then ``os._exit``. An exception leaves the normal way, traceback
-    included.
+    threading's exit hooks (idle thread-pool workers stop) and the other threads finish, every ``atexit``
+    handler runs (logging's flush, Prefect's and MLflow's own), the standard streams are flushed; then
+    ``os._exit``. An exception leaves the normal way, traceback included.
     """
     code = main()
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what the interpreter runs at exit (multiprocessing's children exit this way too)
+    # the interpreter's own first steps of an exit, in its order: threading's exit hooks (they stop the idle
+    # workers of thread pools) and the join of non-daemon threads, then the atexit handlers
+    threading._shutdown()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
