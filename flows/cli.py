@@ -2,7 +2,8 @@
 
 Defaults make a bare machine work: a temporary local Prefect API (:mod:`flows.local_api`) with its state
 under ``./.prefect``, telemetry off, and library logs routed into the flow-run logs. Every preprocessing
-config key is also a command-line option (``--locations.epsilon_m 50``), and ``--set key=value`` takes any of them.
+config key is also a command-line option (``--locations.epsilon_m 50``), and ``--set key=value`` takes
+any of them.
 """
 
 from __future__ import annotations

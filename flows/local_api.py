@@ -271,9 +271,11 @@ def stop() -> None:
 def ready() -> Iterator[None]:
     """Around a flow call: wait for the temporary API and point Prefect at it (no-op without one).
 
-    Inside, Prefect's settings name the API (worker processes get it as ``$PREFECT_API_URL`` through
-    :func:`tasks.runners.share_api_with_workers`), flow runs send no heartbeats, and no Prefect UI is
-    linked (no "View at" lines, no UI links on MLflow runs): it would be gone after the command.
+    Inside, Prefect's settings name the API, flow runs send no heartbeats, and no Prefect UI is linked (no
+    "View at" lines, no UI links on MLflow runs): it would be gone after the command. The environment
+    already names it when :func:`start_if_needed` ran before Prefect's import (the command); otherwise
+    (Prefect imported earlier in this process) :func:`tasks.runners.share_api_with_workers` puts it there
+    for worker processes, and it is restored on the way out.
     """
     api = _current
     if api is None:
