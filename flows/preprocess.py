@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,7 +14,7 @@ from pydantic import Field
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
 from nextloc.inputs import InputFormat, InputSpec
-from tasks.caching import cached_result
+from tasks.caching import cached_result, call_cached
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
 from tasks.preprocess import (
@@ -167,12 +166,9 @@ def _outputs_exist(result: Any) -> bool:
 def _ensure(task_fn: Any, *args: Any) -> Any:
     """Run a task; if a cached result points at files that are gone, recompute it.
 
-    The cache is looked up first (``cached_result``), which also clears a record a crash left unreadable.
+    The cache is looked up first (``call_cached``), which also clears a record a crash left unreadable.
     """
-    parameters = inspect.signature(task_fn.fn).bind(*args).arguments
-    hit, result = cached_result(task_fn, dict(parameters), task_fn.result_storage)
-    if not hit:
-        result = task_fn(*args)
+    result = call_cached(task_fn, *args)
     if not _outputs_exist(result):
         result = task_fn.with_options(refresh_cache=True)(*args)
     return result

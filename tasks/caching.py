@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import logging
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -122,3 +123,14 @@ def cached_result(task: Any, parameters: dict[str, Any], storage: str | Path) ->
         with contextlib.suppress(OSError):
             (Path(storage) / key).unlink()
         return False, None
+
+
+def call_cached(task: Any, *args: Any) -> Any:
+    """Call ``task`` (its ``result_storage`` set), or return its cached result without a task run.
+
+    The lookup is :func:`cached_result`'s, so a hit here is the one Prefect's engine would find; a miss
+    runs the task, which caches its result.
+    """
+    parameters = dict(inspect.signature(task.fn).bind(*args).arguments)
+    hit, result = cached_result(task, parameters, task.result_storage)
+    return result if hit else task(*args)

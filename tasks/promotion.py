@@ -30,7 +30,7 @@ from nextloc.evaluate import champion_decision, pack_batch, score_split
 from nextloc.metrics import PLACE_KEYS, REFERENCE_KEYS
 from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
-from tasks.caching import CACHE_POLICY, cached_result
+from tasks.caching import CACHE_POLICY, call_cached
 from tasks.catalog import Catalog
 from tasks.evaluate import load_scorer
 from tasks.tracking import mlflow_name, selected_name
@@ -109,8 +109,17 @@ def champion_challenger(
             "reason": "the challenger already is the champion (cached)",
         }
     else:
-        scored = score_champion_cached(
-            kind, str(champion.version), champion.run_id, data, decision_metric, match_radius_m, tracking_cfg
+        # cached per champion version and test split: a rerun, or a challenger that lost, loads no model
+        scorer = score_champion.with_options(result_storage=Catalog(data.data_dir).cache)
+        scored = call_cached(
+            scorer,
+            kind,
+            str(champion.version),
+            champion.run_id,
+            data,
+            decision_metric,
+            match_radius_m,
+            tracking_cfg,
         )
         head.update(champion_version=str(champion.version), champion_run_id=champion.run_id, **scored["how"])
         if scored["outcomes"] is None:
@@ -126,32 +135,6 @@ def champion_challenger(
     _record(client, parent_run_id, kind, decision)
     logger.info("%s: %s -> %s", name, decision["reason"], "promoted" if decision["promoted"] else "kept")
     return decision
-
-
-def score_champion_cached(
-    kind: str,
-    version: str,
-    run_id: str,
-    data: DataRef,
-    metric: str,
-    radius_m: float,
-    tracking_cfg: TrackingConfig,
-) -> dict[str, Any]:
-    """:func:`score_champion`, read from the data directory's cache when this champion version was already
-    scored on this test split (a rerun, or a challenger that lost): no model is loaded then."""
-    cache = Catalog(data.data_dir).cache
-    scorer = score_champion.with_options(result_storage=cache)
-    parameters = {
-        "kind": kind,
-        "version": version,
-        "run_id": run_id,
-        "data": data,
-        "metric": metric,
-        "radius_m": radius_m,
-        "tracking_cfg": tracking_cfg,
-    }
-    hit, scored = cached_result(scorer, parameters, cache)
-    return scored if hit else scorer(**parameters)
 
 
 @task(
