@@ -59,6 +59,7 @@ from torch import nn
 
 from nextloc.data import SampleTensors
 from nextloc.metrics import MetricAccumulator
+from nextloc.models.dropout import prefetched_dropout, streams_dropout
 from nextloc.models.ensemble import SeedEnsemble
 from nextloc.storage import atomic_path
 
@@ -105,6 +106,8 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = True
     num_threads: int | None = None
+    # CPU: draw the dropout masks on a background thread (nextloc.models.dropout); same results either way
+    prefetch_dropout: bool = True
 
     @classmethod
     def for_recipe(cls, recipe: str, **overrides: Any) -> TrainConfig:
@@ -260,6 +263,7 @@ def fit(
     seed_everything(config.seed, config.deterministic)
     use_amp = config.amp and device.type == "cuda"
     steps_per_epoch = _steps_per_epoch(len(train), config)
+    prefetch = config.prefetch_dropout and device.type == "cpu" and streams_dropout(model)
     gen, scaler, optimizer, scheduler, ema = _training_objects(model, config, steps_per_epoch, use_amp)
     progress = _Progress(best_state=copy.deepcopy(model.state_dict()))
 
@@ -298,26 +302,28 @@ def fit(
         model.train()
         total, count = 0.0, 0
         epoch_start = time.perf_counter()
-        for batch in train.batches(
+        batches = train.batches(
             config.batch_size, shuffle=True, generator=gen, drop_last=config.drop_last, bucket=config.bucket
-        ):
-            with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
-                if hasattr(model, "training_loss"):
-                    loss = model.training_loss(batch, config.label_smoothing)
-                else:
-                    loss = _loss(model(batch), batch.target, log_prob_output, config.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            if scheduler is not None and progress.schedule_active:
-                scheduler.step()
-            if ema is not None:
-                ema.update_parameters(model)
-            total += loss.detach() * len(batch.target)
-            count += len(batch.target)
+        )
+        with prefetched_dropout(prefetch):
+            for batch in batches:
+                with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
+                    if hasattr(model, "training_loss"):
+                        loss = model.training_loss(batch, config.label_smoothing)
+                    else:
+                        loss = _loss(model(batch), batch.target, log_prob_output, config.label_smoothing)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                if scheduler is not None and progress.schedule_active:
+                    scheduler.step()
+                if ema is not None:
+                    ema.update_parameters(model)
+                total += loss.detach() * len(batch.target)
+                count += len(batch.target)
         progress.n_trained += count
         progress.train_loop_seconds += time.perf_counter() - epoch_start
         evaluated = ema.module if ema is not None else model

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nextloc.data import Batch
+from nextloc.models.dropout import Dropout, dropout
 
 # Reference feature vocabularies (ML embed.py): time = start_min // 15 is split into hour and quarter.
 QUARTERS_PER_HOUR = 4
@@ -90,7 +91,7 @@ class ContextEmbedding(nn.Module):
         self.hour_embed = nn.Embedding(HOURS_PER_DAY, d_model)
         self.weekday_embed = nn.Embedding(DAYS_PER_WEEK, d_model)
         self.emb_duration = nn.Embedding(DURATION_BINS, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         if positional:
             self.register_buffer("pos_table", sinusoidal_table(self.MAX_POSITIONS, d_model), persistent=False)
 
@@ -133,12 +134,12 @@ class ResidualHead(nn.Module):
     ) -> None:
         super().__init__()
         self.emb_user = nn.Embedding(total_user_num, d_model)
-        self.emb_dropout = nn.Dropout(emb_dropout)
+        self.emb_dropout = Dropout(emb_dropout)
         self.linear1 = nn.Linear(d_model, 2 * d_model)
         self.linear2 = nn.Linear(2 * d_model, d_model)
         self.norm1 = nn.BatchNorm1d(d_model)
-        self.fc_dropout1 = nn.Dropout(fc_dropout)
-        self.fc_dropout2 = nn.Dropout(fc_dropout)
+        self.fc_dropout1 = Dropout(fc_dropout)
+        self.fc_dropout2 = Dropout(fc_dropout)
         self.fc_loc = nn.Linear(d_model, total_loc_num)
 
     def forward(self, h: torch.Tensor, user: torch.Tensor) -> torch.Tensor:
@@ -184,6 +185,8 @@ class MaskedEncoderLayer(nn.TransformerEncoderLayer):
         )
         self.nhead = nhead
         self.attn_dropout = dropout
+        # the stock layer's nn.Dropout modules, replaced by the prefetchable one (same draws, same repr)
+        self.dropout, self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
 
     def forward(self, src: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """Apply the layer.
@@ -217,7 +220,7 @@ class MaskedEncoderLayer(nn.TransformerEncoderLayer):
         scores = torch.matmul(q, k.transpose(-2, -1)).float()  # (B, h, T, T)
         scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
         weights = torch.softmax(scores, dim=-1) * allowed  # (B, h, T, T); all-masked rows -> 0
-        weights = F.dropout(weights, p=self.attn_dropout, training=self.training)
+        weights = dropout(weights, self.attn_dropout, self.training)
         out = torch.matmul(weights.to(v.dtype), v)  # (B, h, T, dh)
         out = out.transpose(1, 2).reshape(batch, width, d_model)  # (B, T, d)
         return self.self_attn.out_proj(out)  # (B, T, d)

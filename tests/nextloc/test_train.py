@@ -378,3 +378,33 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
             2,
             log_prob_output=True,
         )
+
+
+@pytest.mark.parametrize("case", ["mhsa", "pointer", "pointer_ema_bucket"])
+def test_prefetched_dropout_changes_nothing(case, data):
+    """Dropout draws prefetched on a thread (the CPU default) give the inline run's weights, history and
+    final global generator state, bit for bit."""
+    states = []
+    runs = []
+    for prefetch in (False, True):
+        runs.append(_run(case, data, prefetch_dropout=prefetch))
+        states.append(torch.get_rng_state())
+    _assert_identical(runs[1], runs[0])
+    assert torch.equal(states[1], states[0])
+
+
+def test_models_with_other_draws_do_not_prefetch(data, monkeypatch):
+    """pointer_plus draws its unknown-place augmentation with torch.rand and the LSTM's dropout is inside
+    nn.LSTM: their epochs run inline (entering the prefetched block would raise on exit)."""
+    import nextloc.models.dropout as dropout_module
+
+    entered = []
+    real = dropout_module.prefetched_dropout
+    monkeypatch.setattr(train_module, "prefetched_dropout", lambda on: entered.append(on) or real(on))
+    train, val = data
+    for kind in ("pointer_plus", "lstm", "mhsa"):
+        entered.clear()
+        model = _build(kind)
+        config = TrainConfig.for_recipe(kind, max_epochs=1, batch_size=32)
+        fit(model, train, val, config, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
+        assert entered == [kind == "mhsa"], kind
