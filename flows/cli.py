@@ -453,15 +453,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     models, seeds, model_set, train_set = _train_plan(args)
     local_api.start_if_needed()  # the arguments are valid: the API boots while the flow imports
     neural = _neural(models)
-    from prefect.task_runners import ProcessPoolTaskRunner
-
     from flows.train import train
     from tasks.progress import quiet_task_runs_on_console
+    from tasks.runners import training_runner
 
     quiet_task_runs_on_console()
     workers = max(1, args.workers)
     os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
-    runner = ProcessPoolTaskRunner(max_workers=workers)
+    runner = training_runner(workers)
     with local_api.ready():
         result = train.with_options(task_runner=runner)(
             data_dir=str(args.data_dir),

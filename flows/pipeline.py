@@ -192,6 +192,6 @@ def profile_parameters(
 
 
 def _process_pool(workers: int):
-    from prefect.task_runners import ProcessPoolTaskRunner
+    from tasks.runners import training_runner
 
-    return ProcessPoolTaskRunner(max_workers=workers)
+    return training_runner(workers)

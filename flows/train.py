@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import Field
 
 from nextloc.evaluate import leaderboard
@@ -28,7 +27,7 @@ from tasks.promotion import (
     SelectMetric,
     champion_challenger,
 )
-from tasks.runners import share_api_with_workers
+from tasks.runners import share_api_with_workers, training_runner
 from tasks.train import DataRef, TrackingConfig, train_model_task
 
 DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus"]
@@ -38,7 +37,7 @@ DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus"]
     name="train",
     flow_run_name="train {models} seeds {seeds}",
     validate_parameters=True,
-    task_runner=ProcessPoolTaskRunner(max_workers=1),
+    task_runner=training_runner(1),
 )
 def train(
     data_dir: str = "data/geolife",
@@ -60,7 +59,7 @@ def train(
     One MLflow parent run per flow run, one child run per model and seed. Each kind's champion is decided by
     the one champion rule (:mod:`tasks.promotion`), unless ``promote=False``. Each (model, seed) task is
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
-    processes (``with_options(task_runner=ProcessPoolTaskRunner(max_workers=n))`` runs ``n`` at once;
+    processes (``with_options(task_runner=training_runner(n))`` runs ``n`` at once;
     separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
     these small models train about twice as fast that way.
     """

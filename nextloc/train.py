@@ -46,6 +46,7 @@ import logging
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
@@ -224,7 +225,20 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        _use_deterministic_algorithms()
+
+
+def _use_deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)`` without importing ``torch._inductor``.
+
+    torch's function also sets ``torch._inductor.config.deterministic``, which only ``torch.compile`` reads
+    (nextloc does not compile), and importing that config takes about 0.9 s in every training process. It
+    is set too when inductor is already loaded.
+    """
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if inductor_config is not None:
+        inductor_config.deterministic = True
 
 
 def fit(
