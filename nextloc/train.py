@@ -49,6 +49,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -109,6 +110,9 @@ class TrainConfig:
     num_threads: int | None = None
     # CPU: draw the dropout masks on a background thread (nextloc.models.dropout); same results either way
     prefetch_dropout: bool = True
+    # CPU: validate each epoch on a thread while the next one trains (rolled back when the check changes
+    # the recipe's course: an early stop or the end); same results either way
+    overlap_validation: bool = True
 
     @classmethod
     def for_recipe(cls, recipe: str, **overrides: Any) -> TrainConfig:
@@ -310,46 +314,23 @@ def fit(
     resumed_from_epoch = progress.epoch
     start = time.perf_counter() - progress.elapsed
     last_epoch = progress.epoch if progress.finished else config.max_epochs
-    for epoch in range(progress.epoch + 1, last_epoch + 1):
-        if config.recipe == "pointer":
-            _set_lr(optimizer, _pointer_lr(epoch - 1, config))
-        model.train()
-        total, count = 0.0, 0
-        epoch_start = time.perf_counter()
-        batches = train.batches(
-            config.batch_size, shuffle=True, generator=gen, drop_last=config.drop_last, bucket=config.bucket
-        )
-        with prefetched_dropout(prefetch):
-            for batch in batches:
-                with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
-                    if hasattr(model, "training_loss"):
-                        loss = model.training_loss(batch, config.label_smoothing)
-                    else:
-                        loss = _loss(model(batch), batch.target, log_prob_output, config.label_smoothing)
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                if scheduler is not None and progress.schedule_active:
-                    scheduler.step()
-                if ema is not None:
-                    ema.update_parameters(model)
-                total += loss.detach() * len(batch.target)
-                count += len(batch.target)
-        progress.n_trained += count
-        progress.train_loop_seconds += time.perf_counter() - epoch_start
-        evaluated = ema.module if ema is not None else model
-        val_loss, val_metrics = evaluate_loss(evaluated, val, config, log_prob_output)
-        train_loss = float(total / max(count, 1))
+    overlap = config.overlap_validation and device.type == "cpu" and (os.cpu_count() or 1) > 1
+    validator = ThreadPoolExecutor(1, thread_name_prefix="nextloc-validation") if overlap else None
+
+    def conclude(epoch: int, train_loss: float, evaluated_state: dict, scores, snapshot) -> bool:
+        """Record epoch ``epoch``'s validation, apply the recipe's decision, write the resume state and report
+        the epoch. ``snapshot`` (the loop state at the end of the epoch's training) is given when the next
+        epoch has been training meanwhile: a decision that changes the state it trained from (an early stop
+        with its reloaded weights and lower rate, or the end) first restores the snapshot. Returns whether
+        the loop state the next epoch started from still holds."""
+        nonlocal progress
+        val_loss, val_metrics = scores
         record = {
             "train_loss": train_loss,
             "val_loss": val_loss,
-            "lr": optimizer.param_groups[0]["lr"],
+            "lr": (snapshot["optimizer"]["param_groups"] if snapshot else optimizer.param_groups)[0]["lr"],
             **{f"val_{k}": v for k, v in val_metrics.items() if k != "n"},
         }
-        progress.history.append(record)
         logger.info(
             "epoch %d: train_loss %.4f val_loss %.4f val_acc@1 %.2f",
             epoch,
@@ -357,20 +338,27 @@ def fit(
             val_loss,
             val_metrics["acc@1"],
         )
-
-        stop = False
         score = val_loss if config.monitor == "val_loss" else -record[config.monitor]
-        if score < progress.best_score - config.es_delta:
+        improved = score < progress.best_score - config.es_delta
+        ends_or_drops = (
+            not improved and progress.bad_epochs + 1 >= config.patience and epoch >= config.min_epochs
+        )
+        holds = not ends_or_drops and epoch != config.max_epochs
+        if snapshot is not None and not holds:
+            progress = _restore(snapshot, model, optimizer, scheduler, scaler, ema, gen)
+        progress.history.append(record)
+        stop = False
+        if improved:
             progress.best_score, progress.best_loss, progress.best_epoch = score, val_loss, epoch
             progress.bad_epochs = 0
             if config.select_best:
-                progress.best_state = copy.deepcopy(evaluated.state_dict())
+                progress.best_state = copy.deepcopy(evaluated_state)
             progress.seconds_to_best = time.perf_counter() - start
             if checkpoint_path is not None:
                 _save_checkpoint(checkpoint_path, progress.best_state, epoch, progress.best_loss, config)
         else:
             progress.bad_epochs += 1
-            if progress.bad_epochs >= config.patience and epoch >= config.min_epochs:
+            if ends_or_drops:
                 if progress.drops >= config.lr_drops:
                     stop = True
                 else:
@@ -392,11 +380,98 @@ def fit(
         if resume_path is not None:
             # written before log_metrics: a crash from here on loses nothing of this epoch
             progress.elapsed = time.perf_counter() - start
-            _save_resume(resume_path, fingerprint, progress, model, optimizer, scheduler, scaler, ema, gen)
+            if snapshot is not None and holds:  # the live objects are ahead: the epoch's own state
+                state = {
+                    **snapshot,
+                    "progress": {f.name: getattr(progress, f.name) for f in fields(progress)},
+                }
+                _atomic_save({**state, "fingerprint": fingerprint}, resume_path)
+            else:
+                _save_resume(
+                    resume_path, fingerprint, progress, model, optimizer, scheduler, scaler, ema, gen
+                )
         if log_metrics is not None:
             log_metrics(record, epoch)
-        if stop:
-            break
+        return holds
+
+    pending = None  # (epoch, train loss, evaluated weights, validation future, snapshot) running beside
+    try:
+        epoch = progress.epoch + 1
+        while epoch <= last_epoch:
+            if config.recipe == "pointer":
+                _set_lr(optimizer, _pointer_lr(epoch - 1, config))
+            model.train()
+            total, count = 0.0, 0
+            epoch_start = time.perf_counter()
+            batches = iter(
+                train.batches(
+                    config.batch_size,
+                    shuffle=True,
+                    generator=gen,
+                    drop_last=config.drop_last,
+                    bucket=config.bucket,
+                )
+            )
+            holds = True
+            while True:
+                paused = False
+                with prefetched_dropout(prefetch):
+                    for batch in batches:
+                        with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
+                            if hasattr(model, "training_loss"):
+                                loss = model.training_loss(batch, config.label_smoothing)
+                            else:
+                                loss = _loss(
+                                    model(batch), batch.target, log_prob_output, config.label_smoothing
+                                )
+                        optimizer.zero_grad(set_to_none=True)
+                        scaler.scale(loss).backward()
+                        scaler.unscale_(optimizer)
+                        nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+                        scaler.step(optimizer)
+                        scaler.update()
+                        if scheduler is not None and progress.schedule_active:
+                            scheduler.step()
+                        if ema is not None:
+                            ema.update_parameters(model)
+                        total += loss.detach() * len(batch.target)
+                        count += len(batch.target)
+                        if pending is not None and pending[3].done():
+                            paused = True  # conclude the previous epoch between two steps of this one
+                            break
+                if not paused:
+                    break
+                holds = conclude(pending[0], pending[1], pending[2], pending[3].result(), pending[4])
+                pending = None
+                if not holds:
+                    break
+            if holds and pending is not None:  # this epoch's batches are done before its predecessor's check
+                holds = conclude(pending[0], pending[1], pending[2], pending[3].result(), pending[4])
+                pending = None
+            if not holds:  # restored to the end of the previous epoch, its decision applied
+                if progress.finished:
+                    break
+                continue  # train this epoch again, from that state
+            progress.n_trained += count
+            progress.train_loop_seconds += time.perf_counter() - epoch_start
+            evaluated = ema.module if ema is not None else model
+            train_loss = float(total / max(count, 1))
+            if validator is not None and epoch < last_epoch:
+                # validate on a copy beside the next epoch's training (a CPU core that would idle otherwise)
+                frozen = copy.deepcopy(evaluated)
+                snapshot = copy.deepcopy(_loop_state(progress, model, optimizer, scheduler, scaler, ema, gen))
+                future = validator.submit(evaluate_loss, frozen, val, config, log_prob_output)
+                pending = (epoch, train_loss, frozen.state_dict(), future, snapshot)
+                epoch += 1
+                continue
+            scores = evaluate_loss(evaluated, val, config, log_prob_output)
+            conclude(epoch, train_loss, evaluated.state_dict(), scores, None)
+            if progress.finished:
+                break
+            epoch += 1
+    finally:
+        if validator is not None:
+            validator.shutdown(wait=True, cancel_futures=True)
 
     if config.select_best:
         model.load_state_dict(progress.best_state)
@@ -722,6 +797,28 @@ def _set_rng_state(rng: dict[str, Any], gen: torch.Generator) -> None:
     random.setstate((version, tuple(internal), gauss_next))
 
 
+def _loop_state(
+    progress: _Progress,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR | None,
+    scaler: torch.amp.GradScaler,
+    ema: torch.optim.swa_utils.AveragedModel | None,
+    gen: torch.Generator,
+) -> dict[str, Any]:
+    """Everything the loop needs to continue after ``progress.epoch`` (live tensors: copy to keep it)."""
+    return {
+        "format": RESUME_FORMAT,
+        "progress": {f.name: getattr(progress, f.name) for f in fields(progress)},
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict(),
+        "ema": ema.state_dict() if ema is not None else None,
+        "rng": _rng_state(gen),
+    }
+
+
 def _save_resume(
     path: Path,
     fingerprint: str,
@@ -733,19 +830,9 @@ def _save_resume(
     ema: torch.optim.swa_utils.AveragedModel | None,
     gen: torch.Generator,
 ) -> None:
-    """Atomically write everything the loop needs to continue after ``progress.epoch``."""
-    state = {
-        "format": RESUME_FORMAT,
-        "fingerprint": fingerprint,
-        "progress": {f.name: getattr(progress, f.name) for f in fields(progress)},
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "scaler": scaler.state_dict(),
-        "ema": ema.state_dict() if ema is not None else None,
-        "rng": _rng_state(gen),
-    }
-    _atomic_save(state, path)
+    """Atomically write the loop state after ``progress.epoch`` (see :func:`_loop_state`)."""
+    state = _loop_state(progress, model, optimizer, scheduler, scaler, ema, gen)
+    _atomic_save({**state, "fingerprint": fingerprint}, path)
 
 
 def _read_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:

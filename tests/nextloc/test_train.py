@@ -380,17 +380,18 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
         )
 
 
-@pytest.mark.parametrize("case", ["mhsa", "pointer", "pointer_ema_bucket"])
-def test_prefetched_dropout_changes_nothing(case, data):
-    """Dropout draws prefetched on a thread (the CPU default) give the inline run's weights, history and
-    final global generator state, bit for bit."""
-    states = []
-    runs = []
-    for prefetch in (False, True):
-        runs.append(_run(case, data, prefetch_dropout=prefetch))
+@pytest.mark.parametrize("case", ["mhsa", "pointer", "pointer_ema_bucket", "lstm"])
+def test_prefetching_and_overlapped_validation_change_nothing(case, data):
+    """Dropout draws prefetched on a thread and each epoch validated beside the next one (the CPU defaults)
+    give the inline run's weights, history and final global generator state, bit for bit: the mhsa case
+    rolls back the overlapped epoch at both learning-rate drops and at the early end."""
+    runs, states = [], []
+    for prefetch, overlap in [(False, False), (True, True), (False, True), (True, False)]:
+        runs.append(_run(case, data, prefetch_dropout=prefetch, overlap_validation=overlap))
         states.append(torch.get_rng_state())
-    _assert_identical(runs[1], runs[0])
-    assert torch.equal(states[1], states[0])
+    for run, state in zip(runs[1:], states[1:], strict=True):
+        _assert_identical(run, runs[0])
+        assert torch.equal(state, states[0])
 
 
 def test_models_with_other_draws_do_not_prefetch(data, monkeypatch):
