@@ -24,7 +24,14 @@ Recipes (reference-protocol.md section 2):
   early stopping on validation loss (strict improvement), patience 5, at least 8 epochs, at most 50.
 
 CUDA (when present): fp16 autocast with a gradient scaler, tensors already on the device, pinned host
-memory and non-blocking copies for anything that crosses; CPU otherwise (fp32).
+memory and non-blocking copies for anything that crosses; CPU otherwise (fp32). On a CPU with a second
+core, two kinds of work leave the training thread, and neither changes a bit of the results (weights,
+history, resume files, generator states; ``tests/nextloc/test_train.py``): the dropout draws of mhsa and
+the reference pointer are drawn ahead on a thread (:mod:`nextloc.models.dropout`, ``prefetch_dropout``),
+and each epoch is validated on a copy of the model while the next epoch trains (``overlap_validation``).
+When that validation changes the recipe's course (an early stop reloads the best weights and lowers the
+rate, or training ends), the loop restores its state at the end of the validated epoch, applies the
+decision and trains the next epoch again.
 
 Resuming (``fit(..., resume_path=...)``, ``fit_model(..., checkpoint_dir=...)``): after every completed epoch
 the whole loop state is written atomically (model, optimizer, scheduler, gradient scaler, EMA, best weights,
@@ -427,7 +434,7 @@ def fit(
                         optimizer.zero_grad(set_to_none=True)
                         scaler.scale(loss).backward()
                         scaler.unscale_(optimizer)
-                        nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+                        nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm, foreach=True)
                         scaler.step(optimizer)
                         scaler.update()
                         if scheduler is not None and progress.schedule_active:
@@ -642,10 +649,20 @@ def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if config.recipe == "pointer":
         return torch.optim.AdamW(
-            params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+            params,
+            lr=config.lr,
+            betas=config.betas,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            foreach=True,
         )
     return torch.optim.Adam(
-        params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+        params,
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        foreach=True,
     )
 
 

@@ -409,3 +409,19 @@ def test_models_with_other_draws_do_not_prefetch(data, monkeypatch):
         config = TrainConfig.for_recipe(kind, max_epochs=1, batch_size=32)
         fit(model, train, val, config, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
         assert entered == [kind == "mhsa"], kind
+
+
+def test_deterministic_mode_without_importing_inductor():
+    """seed_everything turns torch's deterministic algorithms on (warn-only) without loading torch._inductor."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from nextloc.train import seed_everything\n"
+        "seed_everything(0)\n"
+        "print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),"
+        " 'torch._inductor' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True", "False"]
