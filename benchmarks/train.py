@@ -6,7 +6,10 @@
 The reference-style loop is what both reference repositories do: a per-sample ``Dataset`` building
 tensors in ``__getitem__``, a ``pad_sequence`` collate, torch's default thread count, and Acc@k/MRR/NDCG
 computed on every training batch with a ``topk`` and a full ``argsort`` over all locations. It trains the
-same model class with the same recipe, so the ratio isolates the training machinery. Prints JSON.
+same model class with the same recipe, so the ratio isolates the training machinery. ``nextloc`` is the
+default trainer (one intra-op thread; on a CPU its dropout draws and each epoch's validation run on helper
+threads, see ``nextloc.train``); ``nextloc_inline`` turns both helpers off (everything on one thread).
+Both processes have the same 2 cores. Prints JSON.
 """
 
 from __future__ import annotations
@@ -44,12 +47,17 @@ def main() -> int:
     out: dict = {"machine": {"cpus": os.cpu_count()}, "data_dir": str(args.data_dir), "epochs": args.epochs}
     for kind in args.models.split(","):
         ours = _subprocess(args.data_dir, kind, 0, "nextloc", args.epochs)
+        inline = _subprocess(args.data_dir, kind, 0, "inline", args.epochs)
         ref = _subprocess(args.data_dir, kind, 0, "reference", args.epochs)
         out[kind] = {
             "nextloc": ours,
+            "nextloc_inline": inline,
             "reference_style": ref,
             "ratio_train_samples_per_s": round(ours["train_samples_per_s"] / ref["train_samples_per_s"], 2),
             "ratio_epoch_wall": round(ref["epoch_wall_s"] / ours["epoch_wall_s"], 2),
+            "ratio_inline_train_samples_per_s": round(
+                inline["train_samples_per_s"] / ref["train_samples_per_s"], 2
+            ),
         }
     if args.five_seeds:
         start = time.perf_counter()
@@ -124,6 +132,8 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
         if mode == "full"
         else {"max_epochs": epochs, "min_epochs": 0, "patience": 10**6, "refit_on_train_val": False}
     )
+    if mode == "inline":  # everything on the training thread: no prefetched draws, no overlapped validation
+        limit = {**limit, "prefetch_dropout": False, "overlap_validation": False}
     config = TrainConfig.for_recipe(kind, seed=seed, **limit)
     start = time.perf_counter()
     selection, refit = fit_model(
