@@ -387,16 +387,10 @@ def fit(
         if resume_path is not None:
             # written before log_metrics: a crash from here on loses nothing of this epoch
             progress.elapsed = time.perf_counter() - start
-            if snapshot is not None and holds:  # the live objects are ahead: the epoch's own state
-                state = {
-                    **snapshot,
-                    "progress": {f.name: getattr(progress, f.name) for f in fields(progress)},
-                }
-                _atomic_save({**state, "fingerprint": fingerprint}, resume_path)
-            else:
-                _save_resume(
-                    resume_path, fingerprint, progress, model, optimizer, scheduler, scaler, ema, gen
-                )
+            # the live objects are ahead when the next epoch goes on: then the epoch's own state is the snapshot
+            live = snapshot is None or not holds
+            state = _loop_state(progress, model, optimizer, scheduler, scaler, ema, gen) if live else snapshot
+            _atomic_save({**state, "progress": _fields(progress), "fingerprint": fingerprint}, resume_path)
         if log_metrics is not None:
             log_metrics(record, epoch)
         return holds
@@ -826,7 +820,7 @@ def _loop_state(
     """Everything the loop needs to continue after ``progress.epoch`` (live tensors: copy to keep it)."""
     return {
         "format": RESUME_FORMAT,
-        "progress": {f.name: getattr(progress, f.name) for f in fields(progress)},
+        "progress": _fields(progress),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -836,20 +830,8 @@ def _loop_state(
     }
 
 
-def _save_resume(
-    path: Path,
-    fingerprint: str,
-    progress: _Progress,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LambdaLR | None,
-    scaler: torch.amp.GradScaler,
-    ema: torch.optim.swa_utils.AveragedModel | None,
-    gen: torch.Generator,
-) -> None:
-    """Atomically write the loop state after ``progress.epoch`` (see :func:`_loop_state`)."""
-    state = _loop_state(progress, model, optimizer, scheduler, scaler, ema, gen)
-    _atomic_save({**state, "fingerprint": fingerprint}, path)
+def _fields(progress: _Progress) -> dict[str, Any]:
+    return {f.name: getattr(progress, f.name) for f in fields(progress)}
 
 
 def _read_resume(path: Path, fingerprint: str) -> dict[str, Any] | None:
