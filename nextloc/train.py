@@ -641,16 +641,8 @@ def _loss(
 
 def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
-    if config.recipe == "pointer":
-        return torch.optim.AdamW(
-            params,
-            lr=config.lr,
-            betas=config.betas,
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            foreach=True,
-        )
-    return torch.optim.Adam(
+    optimizer_cls = torch.optim.AdamW if config.recipe == "pointer" else torch.optim.Adam
+    return optimizer_cls(
         params,
         lr=config.lr,
         betas=config.betas,

@@ -23,7 +23,6 @@ cores are all busy it costs about what the inline draws cost.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -32,8 +31,6 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-logger = logging.getLogger(__name__)
 
 CHUNK = 1 << 20  # doubles per prefetched chunk (8 MiB; a reference MHSA step draws about 1.4M)
 DEPTH = 3  # chunks kept ready ahead of the step
