@@ -48,9 +48,9 @@ REPO = Path(__file__).resolve().parents[1]
 GEOLIFE_FIXES = 24_722_141
 GEOLIFE_USERS = 182
 DAYS = 100
-STAGES = {  # stage -> task run names (a per-user task run is named by its task_run_name)
+STAGES = {  # stage -> task run name prefixes (see flows.preprocess._batch_name)
     "ingest": ("ingest-table",),
-    "staypoints": ("staypoints user ",),
+    "staypoints": ("staypoints user ", "generate-staypoints-user"),  # one user, or a batch of users
     "locations": ("locate-staypoints",),
     "dataset": ("build-dataset",),
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,11 +15,12 @@ from pydantic import Field
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
 from nextloc.inputs import InputFormat, InputSpec
-from tasks.caching import cached_result, call_cached
+from tasks.caching import cached_batch, cached_result, call_cached, outputs_current
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
 from tasks.preprocess import (
     DatasetResult,
+    RawUser,
     build_dataset_task,
     discover_raw_files,
     discover_raw_users,
@@ -31,6 +33,7 @@ from tasks.preprocess import (
     write_ingest_report,
 )
 from tasks.progress import track
+from tasks.runners import balanced_batches, fan_out_width
 
 
 @flow(
@@ -78,6 +81,7 @@ def preprocess(
                     "user",
                     users,
                     catalog.cache,
+                    weight=_raw_weight,
                     out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
                 )
             else:
@@ -86,6 +90,7 @@ def preprocess(
                     "user",
                     users,
                     catalog.cache,
+                    weight=_raw_weight,
                     spec=unmapped(spec),
                     out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
                 )
@@ -105,6 +110,7 @@ def preprocess(
                 "ingested",
                 ingested,
                 catalog.cache,
+                weight=lambda r: r.n_rows,
                 config=unmapped(config.staypoints),
                 tripleg_gap_threshold_min=unmapped(config.quality.tripleg_gap_threshold_min),
                 out_path=[str(catalog.user_staypoints(r.user_id)) for r in ingested],
@@ -147,20 +153,8 @@ def preprocess(
         }
 
 
-def _outputs_exist(result: Any) -> bool:
-    from tasks.caching import Artifact
-
-    if isinstance(result, Artifact):
-        return result.is_current()
-    if isinstance(result, tuple | list):
-        return all(_outputs_exist(r) for r in result)
-    if isinstance(result, DatasetResult):
-        return all(a.is_current() for a in result.artifacts())
-    for name in ("positionfixes", "staypoints"):
-        art = getattr(result, name, None)
-        if art is not None and not art.is_current():
-            return False
-    return True
+def _raw_weight(user: RawUser) -> float:
+    return user.n_files
 
 
 def _ensure(task_fn: Any, *args: Any) -> Any:
@@ -169,15 +163,25 @@ def _ensure(task_fn: Any, *args: Any) -> Any:
     The cache is looked up first (``call_cached``), which also clears a record a crash left unreadable.
     """
     result = call_cached(task_fn, *args)
-    if not _outputs_exist(result):
+    if not outputs_current(result):
         result = task_fn.with_options(refresh_cache=True)(*args)
     return result
 
 
 def _run_mapped(
-    task_fn: Any, mapped_name: str, items: list, storage: Path, **kwargs: Any
+    task_fn: Any,
+    mapped_name: str,
+    items: list,
+    storage: Path,
+    weight: Callable[[Any], float],
+    **kwargs: Any,
 ) -> tuple[list, int]:
-    """Map a per-user task over the calls not already in the cache; recompute results whose files are gone.
+    """Run a per-user task over the calls not already in the cache; recompute results whose files are gone.
+
+    The calls to run go in a few balanced batches (``weight`` estimates a call's work), four per worker of
+    the flow's task runner, each one ``cached-batch`` task run that caches every call under the per-user
+    task's own key (:func:`tasks.caching.cached_batch`). A single call runs as a batch of one, named as the
+    per-user task run would be.
 
     Returns:
         The results in the order of ``items``, and how many calls ran (the rest came from the cache).
@@ -185,25 +189,45 @@ def _run_mapped(
     per_item = {k: (v.value if isinstance(v, unmapped) else v) for k, v in kwargs.items()}
 
     def call(i: int) -> dict[str, Any]:
-        return {k: (v if isinstance(kwargs[k], unmapped) else v[i]) for k, v in per_item.items()}
+        return {
+            mapped_name: items[i],
+            **{k: (v if isinstance(kwargs[k], unmapped) else v[i]) for k, v in per_item.items()},
+        }
 
     results: list[Any] = [None] * len(items)
     todo = []
-    for i, item in enumerate(items):
-        hit, value = cached_result(task_fn, {mapped_name: item, **call(i)}, storage)
-        if hit and _outputs_exist(value):
+    for i in range(len(items)):
+        hit, value = cached_result(task_fn, call(i), storage)
+        if hit and outputs_current(value):
             results[i] = value
         else:
             todo.append(i)
     if todo:
-        mapped = {k: (v if isinstance(v, unmapped) else [v[i] for i in todo]) for k, v in kwargs.items()}
-        futures = task_fn.map(**{mapped_name: [items[i] for i in todo]}, **mapped)
-        for i, result in zip(todo, track(futures, f"{task_fn.name} ({len(todo)} users)"), strict=True):
-            results[i] = result
-    for i in todo:
-        if not _outputs_exist(results[i]):
-            results[i] = task_fn.with_options(refresh_cache=True)(**{mapped_name: items[i]}, **call(i))
+        batches = [
+            [todo[j] for j in b]
+            for b in balanced_batches([weight(items[i]) for i in todo], 4 * fan_out_width())
+        ]
+        futures = [
+            cached_batch.with_options(
+                task_run_name=_batch_name(task_fn, [call(i) for i in batch], k, len(batches)),
+                retries=task_fn.retries,
+                retry_delay_seconds=task_fn.retry_delay_seconds,
+            ).submit(task_fn, [call(i) for i in batch], str(storage))
+            for k, batch in enumerate(batches, 1)
+        ]
+        label = f"{task_fn.name} ({len(todo)} users)"
+        done = track(futures, label, sizes=[len(b) for b in batches])
+        for batch, batch_results in zip(batches, done, strict=True):
+            for i, result in zip(batch, batch_results, strict=True):
+                results[i] = result
     get_run_logger().info(
         "%s: %d cached results reused, %d run", task_fn.name, len(items) - len(todo), len(todo)
     )
     return results, len(todo)
+
+
+def _batch_name(task_fn: Any, calls: list[dict[str, Any]], k: int, n: int) -> str:
+    """A batch of one is named as its per-user task run; a larger one by its task, size and place."""
+    if len(calls) == 1 and isinstance(task_fn.task_run_name, str):
+        return task_fn.task_run_name.format(**calls[0])
+    return f"{task_fn.name} x{len(calls)} (batch {k} of {n})"

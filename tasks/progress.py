@@ -48,18 +48,21 @@ def progress_enabled() -> bool:
     return os.environ.get("NEXTLOC_PROGRESS", "1") != "0" and Console(stderr=True).is_terminal
 
 
-def track(futures: Sequence[PrefectFuture], label: str) -> list[Any]:
-    """Wait for ``futures`` with a bar of how many finished; their results, in order.
+def track(futures: Sequence[PrefectFuture], label: str, sizes: Sequence[int] | None = None) -> list[Any]:
+    """Wait for ``futures`` with a bar of how much finished; their results, in order.
 
-    A failed future raises when its result is read, after the bar closes, exactly as ``.result()`` would.
+    ``sizes`` counts the items each future stands for (a batch of per-user calls), so the bar counts users,
+    not batches. A failed future raises when its result is read, after the bar closes, exactly as
+    ``.result()`` would.
     """
     if futures and progress_enabled():
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        size = dict(zip((id(f) for f in futures), sizes or [1] * len(futures), strict=True))
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
-            step = bar.add_task(label, total=len(futures))
-            for _ in as_completed(list(futures)):
-                bar.advance(step)
+            step = bar.add_task(label, total=sum(size.values()))
+            for future in as_completed(list(futures)):
+                bar.advance(step, size[id(future)])
     return [f.result() for f in futures]

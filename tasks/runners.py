@@ -13,7 +13,7 @@ import contextlib
 import multiprocessing.util
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from prefect.client.orchestration import get_client
@@ -108,3 +108,33 @@ def tile_map() -> Callable[..., Iterable[Any]]:
         return client.gather(client.map(fn, *(list(it) for it in iterables), pure=False))
 
     return dask_map
+
+
+def fan_out_width() -> int:
+    """How many tasks the current flow's task runner runs at once: its threads, or the Dask cluster's."""
+    ctx = FlowRunContext.get()
+    runner = ctx.task_runner if ctx is not None else None
+    if isinstance(runner, ThreadPoolTaskRunner) and runner._max_workers:
+        return runner._max_workers
+    client = getattr(runner, "_client", None)
+    if client is not None:
+        with contextlib.suppress(Exception):  # a cluster that cannot say: fall back to this machine's cores
+            return max(1, sum(client.nthreads().values()))
+    return os.cpu_count() or 1
+
+
+def balanced_batches(weights: Sequence[float], n_batches: int) -> list[list[int]]:
+    """Split items into at most ``n_batches`` batches of about equal total weight, heaviest batch first.
+
+    Longest-processing-time first: each item, heaviest first, joins the lightest batch so far. Batches list
+    item indices in ascending order; the result depends only on the weights (ties broken by index).
+    """
+    n = max(1, min(n_batches, len(weights)))
+    loads = [0.0] * n
+    batches: list[list[int]] = [[] for _ in range(n)]
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        b = min(range(n), key=lambda b: (loads[b], b))
+        batches[b].append(i)
+        loads[b] += weights[i]
+    order = sorted(range(n), key=lambda b: (-loads[b], b))
+    return [sorted(batches[b]) for b in order if batches[b]]

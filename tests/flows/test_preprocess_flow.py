@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from uuid import UUID
 
 import pyarrow.parquet as pq
 import pytest
@@ -79,6 +80,31 @@ class TestPreprocessFlow:
         assert len(parts) == 11
         pfs = pq.read_table(parts[0]).schema
         assert str(pfs.field("tracked_at").type) == "timestamp[ns, tz=UTC]"
+
+    def test_per_user_work_runs_in_batches_cached_per_user(self, first_run, sample_dir, task_states):
+        """A cold run spends a few batch task runs on the per-user work, not one per user and step, and
+        leaves a record per user that Prefect's engine itself finds when that user's task runs alone."""
+        import os
+
+        from tasks.catalog import Catalog
+        from tasks.preprocess import discover_raw_users, ingest_user
+
+        data_dir, result = first_run
+        states = task_states(UUID(result["flow_run_id"]))
+        ingest_runs = [n for n in states if n.startswith(("ingest user", "ingest-user"))]
+        staypoint_runs = [n for n in states if n.startswith(("staypoints user", "generate-staypoints-user"))]
+        batches = min(11, 4 * max(2, os.cpu_count() or 2))  # the flow's thread pool, 4 batches per worker
+        assert len(ingest_runs) == len(staypoint_runs) == batches
+        assert result["users_run"] == {"ingest": 11, "staypoints": 11}
+
+        catalog = Catalog(str(data_dir.resolve()))
+        users, _ = discover_raw_users(str(sample_dir), catalog)
+        user = users[3]
+        state = ingest_user.with_options(result_storage=catalog.cache)(
+            user, str(catalog.positionfixes(user.user_id)), return_state=True
+        )
+        assert state.name == "Cached"
+        assert state.result().positionfixes.is_current()
 
     def test_rerun_is_fully_cached(self, first_run, sample_dir, task_states):
         """A second run on unchanged input recomputes nothing and rewrites no file."""

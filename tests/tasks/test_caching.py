@@ -1,0 +1,111 @@
+"""Batched per-user calls: each cached under its own task's key, found by Prefect's engine as its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prefect import flow, task
+
+from tasks.caching import (
+    CACHE_POLICY,
+    Artifact,
+    cached_batch,
+    cached_result,
+    outputs_current,
+    store_result,
+)
+from tasks.runners import balanced_batches
+
+CALLS: list[str] = []  # what the per-call function really ran, in order (one process, threads)
+
+
+@task(name="square", task_run_name="square {x}", cache_policy=CACHE_POLICY, persist_result=True)
+def square(x: int, fail_marker: str = "") -> int:
+    """Records the call; fails once for the call whose marker file exists (then removes it)."""
+    CALLS.append(f"square {x}")
+    if fail_marker and Path(fail_marker).exists():
+        Path(fail_marker).unlink()
+        raise RuntimeError(f"transient failure on {x}")
+    return x * x
+
+
+@flow
+def run_batch(calls: list[dict], storage: str, retries: int = 0) -> list[int]:
+    return cached_batch.with_options(retries=retries).submit(square, calls, storage).result()
+
+
+class TestBalancedBatches:
+    def test_heaviest_batch_first_and_balanced(self):
+        weights = [10, 1, 1, 1, 7, 3, 3, 2, 2]
+        batches = balanced_batches(weights, 3)
+        loads = [sum(weights[i] for i in b) for b in batches]
+        assert loads == sorted(loads, reverse=True)
+        assert max(loads) - min(loads) <= max(weights)
+        assert sorted(i for b in batches for i in b) == list(range(len(weights)))
+        assert all(b == sorted(b) for b in batches)
+
+    def test_never_more_batches_than_items_and_none_empty(self):
+        assert balanced_batches([5, 5], 8) == [[0], [1]]
+        assert balanced_batches([1, 2, 3], 1) == [[0, 1, 2]]
+        assert balanced_batches([], 4) == []
+        assert all(balanced_batches([0, 0, 0, 0], 3))
+
+    def test_depends_only_on_the_weights(self):
+        weights = [3, 3, 3, 1, 1, 1, 2, 2]
+        assert balanced_batches(weights, 3) == balanced_batches(list(weights), 3)
+        assert balanced_batches(weights, 3) == [[0, 5, 6], [1, 7], [2, 3, 4]]
+
+
+def test_outputs_current_finds_artifacts_anywhere(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("x")
+    art = Artifact.record(path, "fp")
+    nested = {"a": [art, (1, "b")], "n": None}
+    assert outputs_current(nested)
+    path.write_text("changed size")
+    assert not outputs_current(nested)
+    assert outputs_current({"a": [1, 2]})
+
+
+@pytest.mark.usefixtures("prefect_api")
+class TestCachedBatch:
+    def test_each_call_is_cached_under_its_own_key(self, tmp_path):
+        """The records a batch writes are the ones the per-call task's own engine lookup finds."""
+        storage = tmp_path / "cache"
+        CALLS.clear()
+        assert run_batch([{"x": 2}, {"x": 3}], str(storage)) == [4, 9]
+        assert CALLS == ["square 2", "square 3"]
+        assert cached_result(square, {"x": 3}, storage) == (True, 9)
+        # Prefect's engine, running the per-call task itself, gets a cache hit and does not call it
+        state = square.with_options(result_storage=storage)(3, return_state=True)
+        assert state.is_completed()
+        assert state.name == "Cached"
+        assert state.result() == 9
+        assert CALLS == ["square 2", "square 3"]
+        # the record is a plain Prefect result record (metadata + result), written whole
+        record = json.loads((storage / next(p.name for p in storage.iterdir())).read_text())
+        assert {"metadata", "result"} <= set(record)
+        assert not list(storage.glob(".*.tmp"))
+
+    def test_a_retry_runs_only_the_calls_not_done(self, tmp_path):
+        """A batch that failed part-way is retried; the calls it had finished are read back, not rerun."""
+        storage = tmp_path / "cache"
+        marker = tmp_path / "fail-once"
+        marker.write_text("")
+        calls = [
+            {"x": 1, "fail_marker": ""},
+            {"x": 2, "fail_marker": str(marker)},
+            {"x": 3, "fail_marker": ""},
+        ]
+        CALLS.clear()
+        assert run_batch(calls, str(storage), retries=1) == [1, 4, 9]
+        assert CALLS == ["square 1", "square 2", "square 2", "square 3"]
+
+    def test_a_call_cached_before_is_not_run(self, tmp_path):
+        storage = tmp_path / "cache"
+        store_result(square, {"x": 5}, storage, 26)  # whatever the record says is what a hit returns
+        CALLS.clear()
+        assert run_batch([{"x": 5}, {"x": 6}], str(storage)) == [26, 36]
+        assert CALLS == ["square 6"]
