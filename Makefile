@@ -9,7 +9,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install system-deps run test test-fast lint format bench clean services services-stop services-status
+.PHONY: install system-deps raw-data run test test-fast lint format bench clean services services-stop services-status
 
 install: system-deps $(STAMP)  ## create .venv and install nextloc with its pinned stack (CPU torch)
 
@@ -52,8 +52,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 
-run: install  ## preprocess GeoLife (found via $$NEXTLOC_GEOLIFE_DIR, data/raw/geolife, a local archive, or downloaded)
+# The raw data is unpacked while the install runs (python -m nextloc.rawdata needs only the standard
+# library; it never downloads and always exits 0: the job finds, fetches or reports the data itself).
+run:  ## preprocess GeoLife (found via $$NEXTLOC_GEOLIFE_DIR, data/raw/geolife, a local archive, or downloaded)
+	@$(MAKE) --no-print-directory -j3 install raw-data
 	$(BIN)/nextloc run
+
+raw-data:  ## unpack a local GeoLife archive into data/raw/geolife, if the job would (no download)
+	$(PYTHON) -m nextloc.rawdata
 
 test: install  ## lint + the whole test suite (full-data tests run when ../shared has the GeoLife archive)
 	$(BIN)/ruff check .
