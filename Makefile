@@ -34,10 +34,12 @@ system-deps:
 
 # uv installs the pinned set in about 30 s where pip takes 1 to 2 min; pip is the fallback. torch goes first,
 # pinned: the local +cpu wheel ($$PIP_FIND_LINKS, which pip reads and uv is given); a looser spec, or uv
-# without the find-links, downloads a multi-GB CUDA build. Bytecode is compiled at install, as pip does
-# (about 20 s): where PYTHONDONTWRITEBYTECODE is set (many containers, this CI) nothing is ever cached
-# otherwise, and every command and worker process compiled its imports again (a cached run 13 s, not 7).
-UV := VIRTUAL_ENV=$(VENV) $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt
+# without the find-links, downloads a multi-GB CUDA build. Bytecode: where PYTHONDONTWRITEBYTECODE is set
+# (many containers, this CI) nothing would ever be cached, and every command and worker process compiled its
+# imports again (a cached run 13 s, not 7). The targets below unset it, so Python caches the bytecode of
+# what is imported, once, as it does by default; compiling every installed file at install took about 20 s.
+unexport PYTHONDONTWRITEBYTECODE
+UV := VIRTUAL_ENV=$(VENV) $(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	if $(BIN)/python -m pip install -q -c constraints.txt uv \
