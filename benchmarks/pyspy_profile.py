@@ -37,7 +37,8 @@ def main() -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     args = parser.parse_args()
     command = [c for c in args.command if c != "--"]
-    local = Path(sys.executable).with_name(command[0]) if command else None
+    typed = ["python", "benchmarks/pyspy_profile.py", "--name", args.name, "--", *command]
+    local = Path(sys.executable).with_name(command[0]) if command and "/" not in command[0] else None
     if local is not None and local.exists():  # `nextloc`: this environment's script
         command[0] = str(local)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -52,7 +53,7 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         )
         wall = time.perf_counter() - start
-        text = summarise(raw.read_text().splitlines(), command, wall)
+        text = summarise(raw.read_text().splitlines(), typed, wall)
     target = REPO / "benchmarks" / "profiles" / f"{args.name}.txt"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
@@ -61,7 +62,7 @@ def main() -> int:
 
 
 def summarise(lines: list[str], command: list[str], wall: float) -> str:
-    """The summary file's text (see the module docstring)."""
+    """The summary file's text (see the module docstring); ``command`` is the profiling command as typed."""
     stacks: collections.Counter[str] = collections.Counter()
     for line in lines:
         stack, _, count = line.rpartition(" ")
@@ -72,7 +73,7 @@ def summarise(lines: list[str], command: list[str], wall: float) -> str:
         for frame in {_frame(f) for f in stack.split(";")[1:]}:
             inclusive[frame] += n
     out = [
-        f"# command: {shlex.join(['python', 'benchmarks/pyspy_profile.py', '--', *command])}",
+        f"# command: {shlex.join(command)}",
         f"# wall {wall:.1f} s (under py-spy), {total} samples",
         "# inclusive share of samples, project functions:",
     ]
