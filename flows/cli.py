@@ -459,7 +459,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     quiet_task_runs_on_console()
     workers = max(1, args.workers)
-    os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     runner = training_runner(workers)
     with local_api.ready():
         result = train.with_options(task_runner=runner)(

@@ -7,7 +7,6 @@ config is all cache hits (training included) and a changed model parameter retra
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -127,7 +126,6 @@ def preprocess_train(
             input_timezone=input_timezone,
             dbscan_tiles=dbscan_tiles,
         )
-        os.environ.setdefault("NEXTLOC_TORCH_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
         trained = train.with_options(task_runner=_process_pool(workers))(
             data_dir=preprocessed["data_dir"],
             models=list(models),

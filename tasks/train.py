@@ -98,8 +98,10 @@ def train_model_task(
         raise ValueError(f"unknown model {kind!r}; expected one of {list(MODEL_KINDS)}")
     dev = resolve_device(device)
     if dev.type == "cpu" and "num_threads" not in train_overrides:
-        # trainings running side by side share the cores (the CLI sets this from --workers)
-        torch.set_num_threads(int(os.environ.get("NEXTLOC_TORCH_THREADS", os.cpu_count() or 1)))
+        # One intra-op thread unless asked ($NEXTLOC_TORCH_THREADS): sums split over more threads round
+        # differently, so a seed's weights would depend on --workers and on the machine's cores. Trainings
+        # run side by side in processes; on one core each, the trainer's helper threads use the spare ones.
+        torch.set_num_threads(int(os.environ.get("NEXTLOC_TORCH_THREADS", "1")))
     meta = json.loads(Path(data.metadata.path).read_text())
     splits = {s: SampleTensors.from_parquet(Path(data.samples[s].path), dev) for s in SPLITS}
     vocab = {"total_loc_num": meta["total_loc_num"], "total_user_num": meta["total_user_num"]}

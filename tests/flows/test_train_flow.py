@@ -250,3 +250,40 @@ def test_experiment_and_parent_run_tell_the_comparison(trained):
         assert f"`nextloc-{kind}`: {decision}" in description
         version = client.get_model_version_by_alias(f"nextloc-{kind}", "champion")
         assert version.tags["champion_decision"] == decision
+
+
+def test_a_seed_trains_to_the_same_bits_with_any_number_of_workers(trained, tmp_path):
+    """`nextloc train --workers 1` and `--workers 2` give one seed the same weights: one intra-op thread
+    each unless NEXTLOC_TORCH_THREADS says otherwise (--workers 1 used to take every core, and sums split
+    over 2 threads round differently)."""
+    import os
+    import shutil
+
+    source, _, _, _ = trained
+    outputs = {}
+    for workers in (1, 2):
+        data_dir = tmp_path / f"workers{workers}"
+        data_dir.mkdir()
+        for name in ("samples", "vocabulary"):
+            shutil.copytree(source / name, data_dir / name)
+        for name in ("metadata.json", "staypoints.parquet"):
+            shutil.copy2(source / name, data_dir / name)
+        env = {k: v for k, v in os.environ.items() if k not in ("NEXTLOC_TORCH_THREADS", "PREFECT_API_URL")}
+        env["NEXTLOC_PROGRESS"] = "0"
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "train", "--data-dir", str(data_dir), "--model", "mhsa"]
+            + ["--seeds", "0", "--workers", str(workers), "--device", "cpu"]
+            + ["--train-set", "max_epochs=2", "--train-set", "min_epochs=0"]
+            + ["--tracking-uri", f"sqlite:///{tmp_path / f'mlflow{workers}.db'}"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        seed = data_dir / "results" / "mhsa" / "seed0"
+        outputs[workers] = {
+            n: (seed / n).read_bytes() for n in ("test_per_sample.parquet", "new_place_head.json")
+        }
+    assert outputs[1] == outputs[2]  # p_new and every per-sample metric, to the bit
