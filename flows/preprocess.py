@@ -207,14 +207,16 @@ def _run_mapped(
             [todo[j] for j in b]
             for b in balanced_batches([weight(items[i]) for i in todo], 4 * fan_out_width())
         ]
-        futures = [
-            cached_batch.with_options(
-                task_run_name=_batch_name(task_fn, [call(i) for i in batch], k, len(batches)),
-                retries=task_fn.retries,
-                retry_delay_seconds=task_fn.retry_delay_seconds,
-            ).submit(task_fn, [call(i) for i in batch], str(storage))
-            for k, batch in enumerate(batches, 1)
-        ]
+        futures = []
+        for k, batch in enumerate(batches, 1):
+            calls = [call(i) for i in batch]
+            futures.append(
+                cached_batch.with_options(
+                    task_run_name=_batch_name(task_fn, calls, k, len(batches)),
+                    retries=task_fn.retries,
+                    retry_delay_seconds=task_fn.retry_delay_seconds,
+                ).submit(task_fn, calls, str(storage))
+            )
         label = f"{task_fn.name} ({len(todo)} users)"
         done = track(futures, label, sizes=[len(b) for b in batches])
         for batch, batch_results in zip(batches, done, strict=True):

@@ -84,10 +84,6 @@ class DatasetResult:
     stats: dict = field(default_factory=dict)
     vocabulary: dict[str, Artifact] = field(default_factory=dict)
 
-    def artifacts(self) -> list[Artifact]:
-        """Every file this result points to."""
-        return [self.staypoints, self.metadata, *self.samples.values(), *self.vocabulary.values()]
-
 
 @dataclass(frozen=True)
 class RawFiles:

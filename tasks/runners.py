@@ -99,8 +99,7 @@ def tile_map() -> Callable[..., Iterable[Any]]:
 
     The Dask map submits plain functions through the runner's client and gathers the results in order.
     """
-    ctx = FlowRunContext.get()
-    client = getattr(ctx.task_runner, "_client", None) if ctx is not None else None
+    client = getattr(_flow_task_runner(), "_client", None)
     if client is None:
         return map
 
@@ -112,8 +111,7 @@ def tile_map() -> Callable[..., Iterable[Any]]:
 
 def fan_out_width() -> int:
     """How many tasks the current flow's task runner runs at once: its threads, or the Dask cluster's."""
-    ctx = FlowRunContext.get()
-    runner = ctx.task_runner if ctx is not None else None
+    runner = _flow_task_runner()
     if isinstance(runner, ThreadPoolTaskRunner) and runner._max_workers:
         return runner._max_workers
     client = getattr(runner, "_client", None)
@@ -138,3 +136,8 @@ def balanced_batches(weights: Sequence[float], n_batches: int) -> list[list[int]
         loads[b] += weights[i]
     order = sorted(range(n), key=lambda b: (-loads[b], b))
     return [sorted(batches[b]) for b in order if batches[b]]
+
+
+def _flow_task_runner() -> TaskRunner | None:
+    ctx = FlowRunContext.get()
+    return ctx.task_runner if ctx is not None else None
