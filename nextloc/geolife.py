@@ -7,9 +7,11 @@ Times are GMT; they become tz-aware UTC ``tracked_at`` values. Altitude is conve
 Parsing is columnar: the bodies of all files of a user are concatenated and parsed once by pyarrow's
 multi-threaded CSV reader. Only when that strict fast path finds something wrong (a malformed row, a
 non-numeric or non-finite field, an out-of-range coordinate, a time that is not ``HH:MM:SS``, a non-ASCII
-byte anywhere, a cut-off line) is the user's data re-read file by file and row by row, so that every bad
-row is reported with its file and line and every good row is kept. Both paths accept exactly the same
-rows, so a row's fate never depends on what else is in the user's files.
+byte anywhere, a cut-off line) are the user's files split in halves, and halves of halves, down to the
+files that fail alone, which are read row by row, so that every bad row is reported with its file and line
+and every good row is kept (GeoLife user 020, one bad row among 177,680: 0.76 s when the whole user was
+read row by row, 0.16-0.22 s now, most of it the 21,995 rows of the one bad file). Both paths accept
+exactly the same rows, so a row's fate never depends on what else is in the user's files.
 """
 
 from __future__ import annotations
@@ -193,9 +195,8 @@ def read_user(user_id: int, files: list[Path]) -> tuple[pa.Table, IngestReport]:
             report.add(IngestIssue(f"user {user_id:03d}", None, "empty_user", "no .plt files"))
         return _empty_table(), report
 
-    table = _parse_fast(bodies)
-    if table is None:
-        table = _parse_slow(bodies, report)
+    tables = _parse(bodies, report)
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     report.files_read += len(bodies)
     report.rows_read += table.num_rows
     return _finish(table, user_id), report
@@ -264,6 +265,18 @@ def _read_body(path: Path, report: IngestReport) -> tuple[memoryview, int] | Non
     if not raw.endswith(b"\n"):
         raw += b"\n"  # a file cut off mid-line: the partial row is judged by the parser
     return memoryview(raw)[pos:], first_line
+
+
+def _parse(bodies: list[tuple[Path, memoryview, int]], report: IngestReport) -> list[pa.Table]:
+    """The bodies' rows in order: parsed at once when the strict fast path accepts them all, else each half
+    on its own, down to the files that fail alone, which are read row by row (and their bad rows reported)."""
+    table = _parse_fast(bodies)
+    if table is not None:
+        return [table]
+    if len(bodies) == 1:
+        return [_parse_slow(bodies, report)]
+    half = len(bodies) // 2
+    return _parse(bodies[:half], report) + _parse(bodies[half:], report)
 
 
 def _parse_fast(bodies: list[tuple[Path, memoryview, int]]) -> pa.Table | None:

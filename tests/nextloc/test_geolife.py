@@ -268,7 +268,7 @@ class TestReadUserRealData:
         assert report.issues == []
 
     def test_fallback_parser_gives_identical_values(self, sample_root: Path, traj: Path) -> None:
-        """One bad row sends the user down the row-by-row path; its good rows must equal the fast path's."""
+        """One bad row sends its file down the row-by-row path; the good rows must equal the fast path's."""
         files = list_plt_files(sample_root / "Data" / "099")
         fast, _ = read_user(99, files)
         bad = write_plt(traj / "99999999999999.plt", [b"not,a,row"])
@@ -615,6 +615,36 @@ class TestReadUserBadFiles:
         assert_rows(table, reference(a))
         assert report.counts == Counter({"unreadable_file": 1})
         assert_issue(only_issue(report), missing, None, "unreadable_file")
+
+    def test_only_the_files_with_bad_rows_are_read_row_by_row(
+        self, sample_root: Path, traj: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Bad rows in two files among many: the other files stay on the columnar path, the rows keep the
+        files' order and the issues come in file order."""
+        import nextloc.geolife as geolife
+
+        files = [copy(f, traj) for f in list_plt_files(sample_root / "Data" / SMALL_USER)]
+        assert len(files) >= 4
+        bad = [files[1], files[-1]]
+        expected = [reference(f) for f in files]
+        for path in bad:
+            i = files.index(path)
+            expected[i] = expected[i].drop(index=[2])
+            lines = data_lines(path)
+            lines[2] = b"x"
+            write_plt(path, lines)
+        slow_files: list[Path] = []
+        row_by_row = geolife._parse_slow
+
+        def spy(bodies, report):  # noqa: ANN001, ANN202
+            slow_files.extend(p for p, _, _ in bodies)
+            return row_by_row(bodies, report)
+
+        monkeypatch.setattr(geolife, "_parse_slow", spy)
+        table, report = read_user(USER, files)
+        assert slow_files == bad
+        assert_rows(table, reference_of(*expected))
+        assert [(i.file, i.line, i.kind) for i in report.issues] == [(str(p), 9, "field_count") for p in bad]
 
     def test_one_bad_file_among_real_files_keeps_all_good_files(self, sample_root: Path, traj: Path) -> None:
         files = [copy(f, traj) for f in list_plt_files(sample_root / "Data" / SMALL_USER)]
