@@ -17,6 +17,7 @@ exactly the same rows, so a row's fate never depends on what else is in the user
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -168,7 +169,14 @@ def list_plt_files(user_dir: Path) -> list[Path]:
     traj = Path(user_dir) / "Trajectory"
     if not traj.is_dir():
         return []
-    return sorted(p for p in traj.iterdir() if p.suffix.lower() == ".plt" and p.is_file())
+    with os.scandir(traj) as entries:  # the entries' types come with the listing: no stat per file
+        names = [e.name for e in entries if _has_plt_suffix(e.name) and e.is_file()]
+    return [traj / name for name in sorted(names)]
+
+
+def _has_plt_suffix(name: str) -> bool:
+    """``Path(name).suffix.lower() == ".plt"`` (a name that is only ``.plt`` has no suffix)."""
+    return len(name) > 4 and name[-4:].lower() == ".plt"
 
 
 def read_user(user_id: int, files: list[Path]) -> tuple[pa.Table, IngestReport]:

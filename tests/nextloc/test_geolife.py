@@ -219,8 +219,17 @@ class TestListPltFiles:
         (traj / "notes.txt").write_text("x")
         (traj / "20070101000000.plt.bak").write_text("x")
         (traj / "sub.plt").mkdir()
+        (traj / ".plt").write_bytes(b"")  # a hidden name, no suffix
+        (traj / "20100101000000.plt").symlink_to(traj / "20090101000000.plt")  # a link to a file counts
+        (traj / "20110101000000.plt").symlink_to(traj / "gone.plt")  # a dangling link does not
         got = list_plt_files(traj.parent)
-        assert [p.name for p in got] == ["20080101000000.plt", "20081231235959.PLT", "20090101000000.plt"]
+        assert [p.name for p in got] == [
+            "20080101000000.plt",
+            "20081231235959.PLT",
+            "20090101000000.plt",
+            "20100101000000.plt",
+        ]
+        assert got[0] == traj / "20080101000000.plt"
 
     def test_real_user_sorted(self, sample_root: Path) -> None:
         got = list_plt_files(sample_root / "Data" / SMALL_USER)
