@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,11 +16,12 @@ from pydantic import Field
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
 from nextloc.inputs import InputFormat, InputSpec
-from tasks.caching import cached_batch, cached_result, call_cached, outputs_current
+from tasks.caching import Then, cached_batch, cached_result, call_cached, outputs_current
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
 from tasks.preprocess import (
     DatasetResult,
+    IngestResult,
     RawUser,
     build_dataset_task,
     discover_raw_files,
@@ -71,50 +73,50 @@ def preprocess(
 
     with data_dir_lock(catalog.root):  # one writer per data directory
         ingest_run = staypoints_run = 0
+
+        def staypoints_of(user_ids: list[int]) -> _Step:
+            return _Step(
+                generate_staypoints_user.with_options(**store),
+                "ingested",
+                _ingested_weight,
+                {
+                    "config": unmapped(config.staypoints),
+                    "tripleg_gap_threshold_min": unmapped(config.quality.tripleg_gap_threshold_min),
+                    "out_path": [str(catalog.user_staypoints(u)) for u in user_ids],
+                },
+            )
+
         if spec.format in ("geolife", "gpx"):
-            # Extract: raw user folders and their content fingerprints; then per user (mapped in parallel)
+            # Extract: raw user folders and their content fingerprints; then per user (in parallel batches),
+            # each user's positionfixes straight on to its staypoints
             users, discovery = discover_raw_users(raw_dir, catalog, spec.format)
             input_fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
-            if spec.format == "geolife":
-                ingested, ingest_run = _run_mapped(
-                    ingest_user.with_options(**store),
-                    "user",
-                    users,
-                    catalog.cache,
-                    weight=_raw_weight,
-                    out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
-                )
-            else:
-                ingested, ingest_run = _run_mapped(
-                    ingest_gpx_user.with_options(**store),
-                    "user",
-                    users,
-                    catalog.cache,
-                    weight=_raw_weight,
-                    spec=unmapped(spec),
-                    out_path=[str(catalog.positionfixes(u.user_id)) for u in users],
-                )
+            reader = ingest_user if spec.format == "geolife" else ingest_gpx_user
+            ingest = _Step(
+                reader.with_options(**store),
+                "user",
+                _raw_weight,
+                {
+                    "out_path": [str(catalog.positionfixes(u.user_id)) for u in users],
+                    **({"spec": unmapped(spec)} if spec.format == "gpx" else {}),
+                },
+            )
+            (ingested, staypoints), (ingest_run, staypoints_run) = _run_mapped(
+                ingest, users, catalog.cache, then=staypoints_of([u.user_id for u in users])
+            )
         else:
             # Files that are not per user: read them at once, partitioned per user
             raw = discover_raw_files(raw_dir, spec.format, catalog)
             input_fingerprint = combine(spec.format, raw.fingerprint)
             reader = ingest_visits if spec.format == "visits" else ingest_table
             per_user, discovery = _ensure(reader.with_options(**store), raw, spec, catalog)
-            ingested = [] if spec.format == "visits" else per_user
-
-        if spec.format == "visits":
-            staypoints = per_user
-        else:
-            staypoints, staypoints_run = _run_mapped(
-                generate_staypoints_user.with_options(**store),
-                "ingested",
-                ingested,
-                catalog.cache,
-                weight=lambda r: r.n_rows,
-                config=unmapped(config.staypoints),
-                tripleg_gap_threshold_min=unmapped(config.quality.tripleg_gap_threshold_min),
-                out_path=[str(catalog.user_staypoints(r.user_id)) for r in ingested],
-            )
+            if spec.format == "visits":
+                ingested, staypoints = [], per_user
+            else:
+                ingested = per_user
+                (staypoints,), (staypoints_run,) = _run_mapped(
+                    staypoints_of([r.user_id for r in ingested]), ingested, catalog.cache
+                )
         ingest_summary = write_ingest_report(discovery, ingested, catalog)
 
         # Dataset level: quality filter + DBSCAN, then samples
@@ -157,6 +159,10 @@ def _raw_weight(user: RawUser) -> float:
     return user.n_files
 
 
+def _ingested_weight(ingested: IngestResult) -> float:
+    return ingested.n_rows
+
+
 def _ensure(task_fn: Any, *args: Any) -> Any:
     """Run a task; if a cached result points at files that are gone, recompute it.
 
@@ -168,68 +174,95 @@ def _ensure(task_fn: Any, *args: Any) -> Any:
     return result
 
 
-def _run_mapped(
-    task_fn: Any,
-    mapped_name: str,
-    items: list,
-    storage: Path,
-    weight: Callable[[Any], float],
-    **kwargs: Any,
-) -> tuple[list, int]:
-    """Run a per-user task over the calls not already in the cache; recompute results whose files are gone.
+@dataclass(frozen=True)
+class _Step:
+    """A per-user task over a list of items: which parameter takes the item, the other parameters
+    (``unmapped`` or one value per item) and an estimate of a call's work."""
 
-    The calls to run go in a few balanced batches (``weight`` estimates a call's work), four per worker of
-    the flow's task runner, each one ``cached-batch`` task run that caches every call under the per-user
-    task's own key (:func:`tasks.caching.cached_batch`). A single call runs as a batch of one, named as the
-    per-user task run would be.
+    task: Any
+    mapped_name: str
+    weight: Callable[[Any], float]
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
-    Returns:
-        The results in the order of ``items``, and how many calls ran (the rest came from the cache).
-    """
-    per_item = {k: (v.value if isinstance(v, unmapped) else v) for k, v in kwargs.items()}
-
-    def call(i: int) -> dict[str, Any]:
+    def call(self, i: int, item: Any) -> dict[str, Any]:
         return {
-            mapped_name: items[i],
-            **{k: (v if isinstance(kwargs[k], unmapped) else v[i]) for k, v in per_item.items()},
+            self.mapped_name: item,
+            **{k: (v.value if isinstance(v, unmapped) else v[i]) for k, v in self.kwargs.items()},
         }
 
-    results: list[Any] = [None] * len(items)
-    todo = []
-    for i in range(len(items)):
-        hit, value = cached_result(task_fn, call(i), storage)
-        if hit and outputs_current(value):
-            results[i] = value
-        else:
-            todo.append(i)
-    if todo:
-        batches = [
-            [todo[j] for j in b]
-            for b in balanced_batches([weight(items[i]) for i in todo], 4 * fan_out_width())
-        ]
-        futures = []
-        for k, batch in enumerate(batches, 1):
-            calls = [call(i) for i in batch]
-            futures.append(
-                cached_batch.with_options(
-                    task_run_name=_batch_name(task_fn, calls, k, len(batches)),
-                    retries=task_fn.retries,
-                    retry_delay_seconds=task_fn.retry_delay_seconds,
-                ).submit(task_fn, calls, str(storage))
-            )
-        label = f"{task_fn.name} ({len(todo)} users)"
-        done = track(futures, label, sizes=[len(b) for b in batches])
-        for batch, batch_results in zip(batches, done, strict=True):
+    def others(self, i: int) -> dict[str, Any]:
+        return {k: v for k, v in self.call(i, None).items() if k != self.mapped_name}
+
+
+def _run_mapped(
+    step: _Step, items: list, storage: Path, then: _Step | None = None
+) -> tuple[list[list], list[int]]:
+    """Run a per-user task (and ``then`` a second one on each result) over the calls not in the cache.
+
+    Calls whose cached result points at files that are gone run again. The calls to run go in a few
+    balanced batches (the step's ``weight`` estimates a call's work), four per worker of the flow's task
+    runner, each one ``cached-batch`` task run that caches every call under the per-user task's own key
+    (:func:`tasks.caching.cached_batch`). With ``then``, a user whose first step must run goes on to the
+    second in the same batch (no wait for the other users in between); a user whose first step is cached
+    and second is not runs the second alone. A single call runs as a batch of one, named as the per-user
+    task run would be.
+
+    Returns:
+        The results of each step in the order of ``items``, and how many calls of each step were not found in
+        the cache (and so ran in a batch).
+    """
+    steps = [step] if then is None else [step, then]
+    results: list[list[Any]] = [[None] * len(items) for _ in steps]
+    todo: list[list[int]] = [[] for _ in steps]  # [both steps (or the one), the second step alone]
+    for i, item in enumerate(items):
+        for k, s in enumerate(steps):
+            hit, value = cached_result(s.task, s.call(i, item if k == 0 else results[0][i]), storage)
+            if not (hit and outputs_current(value)):
+                todo[k].append(i)
+                break
+            results[k][i] = value
+    submitted = _submit_batches(0, step, todo[0], items, storage, then)
+    if then is not None:
+        submitted += _submit_batches(1, then, todo[1], results[0], storage)
+    if submitted:
+        label = " + ".join(s.task.name for s in steps) + f" ({sum(map(len, todo))} users)"
+        done = track([f for _, _, f in submitted], label, sizes=[len(b) for _, b, _ in submitted])
+        for (k, batch, _), batch_results in zip(submitted, done, strict=True):
             for i, result in zip(batch, batch_results, strict=True):
-                results[i] = result
-    get_run_logger().info(
-        "%s: %d cached results reused, %d run", task_fn.name, len(items) - len(todo), len(todo)
-    )
-    return results, len(todo)
+                if then is not None and k == 0:
+                    results[0][i], results[1][i] = result
+                else:
+                    results[k][i] = result
+    ran = [len(todo[0])] if then is None else [len(todo[0]), len(todo[0]) + len(todo[1])]
+    for s, out, n in zip(steps, results, ran, strict=True):
+        get_run_logger().info("%s: %d cached results reused, %d run", s.task.name, len(out) - n, n)
+    return results, ran
 
 
-def _batch_name(task_fn: Any, calls: list[dict[str, Any]], k: int, n: int) -> str:
-    """A batch of one is named as its per-user task run; a larger one by its task, size and place."""
+def _submit_batches(
+    k: int, step: _Step, todo: list[int], items: list, storage: Path, then: _Step | None = None
+) -> list[tuple[int, list[int], Any]]:
+    """Submit ``step``'s calls on ``items[i]`` for ``i`` in ``todo``, in balanced ``cached-batch`` runs (each
+    call chained to ``then``, when given): ``(k, the batch's item indices, its future)`` per batch."""
+    batches = balanced_batches([step.weight(items[i]) for i in todo], 4 * fan_out_width()) if todo else []
+    submitted = []
+    for b, members in enumerate(batches, 1):
+        rows = [todo[j] for j in members]
+        calls = [step.call(i, items[i]) for i in rows]
+        chained = None if then is None else Then(then.task, then.mapped_name, [then.others(i) for i in rows])
+        future = cached_batch.with_options(
+            task_run_name=_batch_name(step.task, calls, b, len(batches), then),
+            retries=step.task.retries,
+            retry_delay_seconds=step.task.retry_delay_seconds,
+        ).submit(step.task, calls, str(storage), chained)
+        submitted.append((k, rows, future))
+    return submitted
+
+
+def _batch_name(task_fn: Any, calls: list[dict[str, Any]], k: int, n: int, then: _Step | None = None) -> str:
+    """A batch of one is named as its per-user task run; a larger one by its task, size and place (a chained
+    second task adds ``+ <its name>``)."""
+    chained = "" if then is None else f" + {then.task.name}"
     if len(calls) == 1 and isinstance(task_fn.task_run_name, str):
-        return task_fn.task_run_name.format(**calls[0])
-    return f"{task_fn.name} x{len(calls)} (batch {k} of {n})"
+        return task_fn.task_run_name.format(**calls[0]) + chained
+    return f"{task_fn.name}{chained} x{len(calls)} (batch {k} of {n})"

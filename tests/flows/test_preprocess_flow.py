@@ -82,19 +82,23 @@ class TestPreprocessFlow:
         assert str(pfs.field("tracked_at").type) == "timestamp[ns, tz=UTC]"
 
     def test_per_user_work_runs_in_batches_cached_per_user(self, first_run, sample_dir, task_states):
-        """A cold run spends a few batch task runs on the per-user work, not one per user and step, and
-        leaves a record per user that Prefect's engine itself finds when that user's task runs alone."""
+        """A cold run spends a few batch task runs on the per-user work, not one per user and step (each
+        user's ingestion goes straight on to its staypoints in the same batch), and leaves a record per user
+        and step that Prefect's engine itself finds when that user's task runs alone."""
         import os
 
+        from nextloc.config import PreprocessConfig
         from tasks.catalog import Catalog
-        from tasks.preprocess import discover_raw_users, ingest_user
+        from tasks.preprocess import discover_raw_users, generate_staypoints_user, ingest_user
 
         data_dir, result = first_run
         states = task_states(UUID(result["flow_run_id"]))
-        ingest_runs = [n for n in states if n.startswith(("ingest user", "ingest-user"))]
+        per_user = [n for n in states if n.startswith(("ingest user", "ingest-user"))]
         staypoint_runs = [n for n in states if n.startswith(("staypoints user", "generate-staypoints-user"))]
         batches = min(11, 4 * max(2, os.cpu_count() or 2))  # the flow's thread pool, 4 batches per worker
-        assert len(ingest_runs) == len(staypoint_runs) == batches
+        assert len(per_user) == batches
+        assert all("+ generate-staypoints-user" in n for n in per_user)
+        assert staypoint_runs == []  # chained, not a second wave of batches
         assert result["users_run"] == {"ingest": 11, "staypoints": 11}
 
         catalog = Catalog(str(data_dir.resolve()))
@@ -105,6 +109,16 @@ class TestPreprocessFlow:
         )
         assert state.name == "Cached"
         assert state.result().positionfixes.is_current()
+        config = PreprocessConfig()
+        state = generate_staypoints_user.with_options(result_storage=catalog.cache)(
+            state.result(),
+            config.staypoints,
+            config.quality.tripleg_gap_threshold_min,
+            str(catalog.user_staypoints(user.user_id)),
+            return_state=True,
+        )
+        assert state.name == "Cached"
+        assert state.result().staypoints.is_current()
 
     def test_rerun_is_fully_cached(self, first_run, sample_dir, task_states):
         """A second run on unchanged input recomputes nothing and rewrites no file."""
@@ -136,6 +150,21 @@ class TestPreprocessFlow:
         assert meta["config"]["locations"]["epsilon_m"] == 50.0
         # back to the defaults: everything is a cache hit again, and the outputs are the first run's
         _run(sample_dir, data_dir)
+
+    def test_changed_staypoint_parameter_reruns_staypoints_alone(self, first_run, sample_dir, task_states):
+        """A staypoint setting keeps every user's positionfixes (cached), and reruns only the staypoints, in
+        batches of the second step alone."""
+        data_dir, _ = first_run
+        before = _mtimes(data_dir)
+        state = _run(sample_dir, data_dir, load_config(overrides={"staypoints.time_threshold_min": 20}))
+        assert state.result()["users_run"] == {"ingest": 0, "staypoints": 11}
+        names = task_states(UUID(state.result()["flow_run_id"]))
+        assert not [n for n in names if n.startswith(("ingest user", "ingest-user"))]
+        assert [n for n in names if n.startswith("generate-staypoints-user x")]
+        after = _mtimes(data_dir)
+        assert all(after[k] == before[k] for k in before if k.startswith("01_"))
+        assert any(after[k] != before[k] for k in before if k.startswith("02_"))
+        _run(sample_dir, data_dir)  # back to the defaults (all cache hits)
 
     def test_deleted_output_is_rebuilt(self, first_run, sample_dir):
         """A cached result whose file was deleted is recomputed, not trusted."""

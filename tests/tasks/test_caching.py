@@ -11,6 +11,7 @@ from prefect import flow, task
 from tasks.caching import (
     CACHE_POLICY,
     Artifact,
+    Then,
     cached_batch,
     cached_result,
     outputs_current,
@@ -31,9 +32,15 @@ def square(x: int, fail_marker: str = "") -> int:
     return x * x
 
 
+@task(name="plus", task_run_name="plus {y}+{z}", cache_policy=CACHE_POLICY, persist_result=True)
+def plus(y: int, z: int) -> int:
+    CALLS.append(f"plus {y}+{z}")
+    return y + z
+
+
 @flow
-def run_batch(calls: list[dict], storage: str, retries: int = 0) -> list[int]:
-    return cached_batch.with_options(retries=retries).submit(square, calls, storage).result()
+def run_batch(calls: list[dict], storage: str, retries: int = 0, then: Then | None = None) -> list:
+    return cached_batch.with_options(retries=retries).submit(square, calls, storage, then).result()
 
 
 class TestBalancedBatches:
@@ -109,3 +116,21 @@ class TestCachedBatch:
         CALLS.clear()
         assert run_batch([{"x": 5}, {"x": 6}], str(storage)) == [26, 36]
         assert CALLS == ["square 6"]
+
+    def test_a_chained_task_takes_each_result_at_once_and_caches_it_under_its_own_key(self, tmp_path):
+        """With ``then``, each call's result goes on to the second task before the next call starts; both
+        steps are cached per call, and a retry reads back both steps of the calls it had finished."""
+        storage = tmp_path / "cache"
+        marker = tmp_path / "fail-once"
+        marker.write_text("")
+        calls = [{"x": 2}, {"x": 3, "fail_marker": str(marker)}]
+        then = Then(plus, "y", [{"z": 10}, {"z": 20}])
+        CALLS.clear()
+        assert run_batch(calls, str(storage), retries=1, then=then) == [(4, 14), (9, 29)]
+        assert CALLS == ["square 2", "plus 4+10", "square 3", "square 3", "plus 9+20"]
+        assert cached_result(plus, {"y": 9, "z": 20}, storage) == (True, 29)
+        state = plus.with_options(result_storage=storage)(4, 10, return_state=True)
+        assert state.name == "Cached"
+        CALLS.clear()
+        assert run_batch(calls[1:], str(storage), then=Then(plus, "y", [{"z": 20}])) == [(9, 29)]
+        assert CALLS == []
