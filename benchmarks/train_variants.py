@@ -1,0 +1,128 @@
+"""What faster arithmetic would buy a reference recipe's training step on this CPU, against eager float32.
+
+    python benchmarks/train_variants.py --data-dir data/geolife --kind mhsa
+
+Each variant runs in its own process, one intra-op thread (as trainings run in worker processes): the
+recipe's optimizer, loss, clipping and shuffled batches, ``--warmup`` steps untimed (compilation included
+in ``warmup_s``), then ``--steps`` timed steps. Variants: ``eager`` (what nextloc runs; dropout drawn
+inline here), ``bf16`` (CPU autocast to bfloat16) and ``compile`` (``torch.compile(dynamic=True)`` of the
+loss). Both of the latter change the results' bits, so they would be recipe changes. Prints one JSON
+object: per variant, train samples/s and the ratio to ``eager`` in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+VARIANTS = ("eager", "bf16", "compile")
+
+
+def measure(data_dir: Path, kind: str, variant: str, warmup: int, steps: int) -> dict:
+    import torch
+
+    from nextloc.data import SampleTensors
+    from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
+    from nextloc.train import TrainConfig, _loss, seed_everything
+
+    meta = json.loads((data_dir / "metadata.json").read_text())
+    torch.set_num_threads(1)
+    overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
+    config = TrainConfig.for_recipe(kind)
+    seed_everything(0, False)
+    model = build_model(kind, meta["total_loc_num"], meta["total_user_num"], **overrides)
+    train = SampleTensors.from_parquet(data_dir / "samples" / "train.parquet")
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
+    generator = torch.Generator().manual_seed(0)
+    batches = list(
+        train.batches(
+            config.batch_size,
+            shuffle=True,
+            generator=generator,
+            drop_last=config.drop_last,
+            bucket=config.bucket,
+        )
+    )
+    model.train()
+
+    def loss_of(batch):  # noqa: ANN001, ANN202
+        if hasattr(model, "training_loss"):
+            return model.training_loss(batch, config.label_smoothing)
+        return _loss(model(batch), batch.target, OUTPUT_IS_LOG_PROB[kind], config.label_smoothing)
+
+    fn = loss_of
+    if variant == "compile":
+        fn = torch.compile(loss_of, dynamic=True)
+    elif variant == "bf16":
+
+        def fn(batch):  # noqa: ANN001, ANN202
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return loss_of(batch)
+
+    def step(batch) -> None:  # noqa: ANN001
+        loss = fn(batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm, foreach=True)
+        optimizer.step()
+
+    timed = (batches * (1 + (warmup + steps) // max(1, len(batches))))[: warmup + steps]
+    start = time.perf_counter()
+    for batch in timed[:warmup]:
+        step(batch)
+    warm = time.perf_counter() - start
+    start, n = time.perf_counter(), 0
+    for batch in timed[warmup:]:
+        step(batch)
+        n += len(batch.target)
+    return {"samples_per_s": round(n / (time.perf_counter() - start), 1), "warmup_s": round(warm, 2)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=REPO / "data" / "geolife")
+    parser.add_argument("--kind", default="mhsa")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one variant, in a child
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(measure(args.data_dir, args.kind, args.variant, args.warmup, args.steps)))
+        return 0
+    out: dict = {"kind": args.kind, "threads": 1, "steps": args.steps, "variants": {}}
+    for variant in VARIANTS:
+        child = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--data-dir",
+                str(args.data_dir),
+                "--kind",
+                args.kind,
+                "--variant",
+                variant,
+                "--warmup",
+                str(args.warmup),
+                "--steps",
+                str(args.steps),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        out["variants"][variant] = json.loads(child.stdout.strip().splitlines()[-1])
+    eager = out["variants"]["eager"]["samples_per_s"]
+    for result in out["variants"].values():
+        result["ratio_to_eager"] = round(result["samples_per_s"] / eager, 3)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
