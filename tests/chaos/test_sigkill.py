@@ -123,27 +123,32 @@ def test_killed_during_ingestion(sample_dir, reference, tmp_path):
     )
     finished_before = {p: p.stat().st_mtime_ns for p in _files(data / "01_positionfixes", "*/part-0.parquet")}
     assert 2 <= len(finished_before) < 11, "not killed in the middle of ingestion"
-    assert not (data / "02_staypoints").exists()
+    assert not (data / "samples").exists()
     _run(tmp_path, ["preprocess", "--raw-dir", str(sample_dir), "--data-dir", "data"])
     _assert_same_outputs(data, reference)
 
 
 def test_killed_during_staypoints(sample_dir, reference, tmp_path):
+    """Each user's staypoints follow its ingestion in the same batch: killed once some users have both, the
+    rerun reuses those users' ingestion (their cache record is written before their staypoints start)."""
     data = tmp_path / "data"
     _kill_when(
         tmp_path,
         ["preprocess", "--raw-dir", str(sample_dir), "--data-dir", "data"],
-        lambda: len(_files(data / "02_staypoints", "*/part-0.parquet")) >= 1,
+        lambda: len(_files(data / "02_staypoints", "*/part-0.parquet")) >= 2,
     )
-    assert len(_files(data / "01_positionfixes", "*/part-0.parquet")) == 11
     assert not (data / "samples").exists(), "not killed before the dataset steps"
-    ingested = {p: p.stat().st_mtime_ns for p in _files(data / "01_positionfixes", "*/part-0.parquet")}
+    with_staypoints = {p.parent.name for p in _files(data / "02_staypoints", "*/part-0.parquet")}
+    ingested = {
+        p: p.stat().st_mtime_ns
+        for p in _files(data / "01_positionfixes", "*/part-0.parquet")
+        if p.parent.name in with_staypoints
+    }
+    assert len(ingested) == len(with_staypoints) >= 2
     _run(tmp_path, ["preprocess", "--raw-dir", str(sample_dir), "--data-dir", "data"])
     _assert_same_outputs(data, reference)
-    # finished ingestion was reused, not redone
-    assert {
-        p: p.stat().st_mtime_ns for p in _files(data / "01_positionfixes", "*/part-0.parquet")
-    } == ingested
+    # the finished ingestion of those users was reused, not redone
+    assert {p: p.stat().st_mtime_ns for p in ingested} == ingested
 
 
 def test_killed_during_training_resumes_from_its_checkpoint(reference, tmp_path_factory):
