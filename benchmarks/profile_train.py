@@ -15,15 +15,27 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -> str:
+def recipe_step(
+    data_dir: Path,
+    kind: str,
+    wrap_loss: Callable[[Callable[[Any], Any]], Callable[[Any], Any]] | None = None,
+    foreach: bool = False,
+) -> tuple[Callable[[Any], None], list, Any]:
+    """A training step of ``kind``'s recipe (forward, loss, backward, clipping, optimiser step) on one intra-op
+    thread, the recipe's shuffled training batches (seed 0) and its ``TrainConfig``.
+
+    ``wrap_loss`` wraps the batch -> loss function (autocast, ``torch.compile``); ``foreach`` runs Adam and the
+    clipping as the trainer does (the same bits, less Python per step).
+    """
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from nextloc.data import SampleTensors
     from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
@@ -36,7 +48,7 @@ def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -
     seed_everything(0, config.deterministic)
     model = build_model(kind, meta["total_loc_num"], meta["total_user_num"], **overrides)
     train = SampleTensors.from_parquet(data_dir / "samples" / "train.parquet")
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=foreach)
     generator = torch.Generator().manual_seed(0)
     batches = list(
         train.batches(
@@ -49,16 +61,27 @@ def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -
     )
     model.train()
 
-    def step(batch) -> None:
+    def loss_of(batch: Any) -> Any:
         if hasattr(model, "training_loss"):
-            loss = model.training_loss(batch, config.label_smoothing)
-        else:
-            loss = _loss(model(batch), batch.target, OUTPUT_IS_LOG_PROB[kind], config.label_smoothing)
+            return model.training_loss(batch, config.label_smoothing)
+        return _loss(model(batch), batch.target, OUTPUT_IS_LOG_PROB[kind], config.label_smoothing)
+
+    loss_fn = wrap_loss(loss_of) if wrap_loss is not None else loss_of
+
+    def step(batch: Any) -> None:
+        loss = loss_fn(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm, foreach=foreach)
         optimizer.step()
 
+    return step, batches, config
+
+
+def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    step, batches, config = recipe_step(data_dir, kind)
     start, n = time.perf_counter(), 0
     for batch in batches[:warmup]:
         step(batch)

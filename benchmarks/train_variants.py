@@ -21,57 +21,27 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # profile_train's recipe step
 VARIANTS = ("eager", "bf16", "compile")
 
 
 def measure(data_dir: Path, kind: str, variant: str, warmup: int, steps: int) -> dict:
     import torch
+    from profile_train import recipe_step
 
-    from nextloc.data import SampleTensors
-    from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
-    from nextloc.train import TrainConfig, _loss, seed_everything
+    def wrap(loss_of):  # noqa: ANN001, ANN202
+        if variant == "compile":
+            return torch.compile(loss_of, dynamic=True)
+        if variant == "bf16":
 
-    meta = json.loads((data_dir / "metadata.json").read_text())
-    torch.set_num_threads(1)
-    overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
-    config = TrainConfig.for_recipe(kind)
-    seed_everything(0, False)
-    model = build_model(kind, meta["total_loc_num"], meta["total_user_num"], **overrides)
-    train = SampleTensors.from_parquet(data_dir / "samples" / "train.parquet")
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-    generator = torch.Generator().manual_seed(0)
-    batches = list(
-        train.batches(
-            config.batch_size,
-            shuffle=True,
-            generator=generator,
-            drop_last=config.drop_last,
-            bucket=config.bucket,
-        )
-    )
-    model.train()
+            def autocast_loss(batch):  # noqa: ANN001, ANN202
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return loss_of(batch)
 
-    def loss_of(batch):  # noqa: ANN001, ANN202
-        if hasattr(model, "training_loss"):
-            return model.training_loss(batch, config.label_smoothing)
-        return _loss(model(batch), batch.target, OUTPUT_IS_LOG_PROB[kind], config.label_smoothing)
+            return autocast_loss
+        return loss_of
 
-    fn = loss_of
-    if variant == "compile":
-        fn = torch.compile(loss_of, dynamic=True)
-    elif variant == "bf16":
-
-        def fn(batch):  # noqa: ANN001, ANN202
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return loss_of(batch)
-
-    def step(batch) -> None:  # noqa: ANN001
-        loss = fn(batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm, foreach=True)
-        optimizer.step()
-
+    step, batches, _ = recipe_step(data_dir, kind, wrap, foreach=True)
     timed = (batches * (1 + (warmup + steps) // max(1, len(batches))))[: warmup + steps]
     start = time.perf_counter()
     for batch in timed[:warmup]:
