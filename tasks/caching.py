@@ -206,8 +206,9 @@ def cached_batch(
     with its files in place (a retry of this batch after a failure) is read back instead of run again.
 
     With ``then``, each call's result goes straight on to the second task (looked up and cached the same
-    way), on the same thread while its files are fresh in the page cache, and the results are
-    ``(first, second)`` pairs: one user's ingestion and staypoints, with no wait for the other users between.
+    way) on the same thread, and the results are ``(first, second)`` pairs: one user's ingestion and
+    staypoints, with no wait for the other users between (the positionfixes go over in memory:
+    ``tasks.preprocess._read_positionfixes``).
     """
     results = []
     for i, parameters in enumerate(calls):
