@@ -57,6 +57,7 @@ def recipe_step(
             generator=generator,
             drop_last=config.drop_last,
             bucket=config.bucket,
+            bucket_pool=config.bucket_pool,
         )
     )
     model.train()
@@ -92,7 +93,7 @@ def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -
             step(batch)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
     return (
-        f"# {kind}: batch {config.batch_size}, bucketed {config.bucket}, 1 thread; warm-up {warmup} steps "
+        f"# {kind}: batch {config.batch_size}, bucketed {config.bucket} (pools of {config.bucket_pool}), 1 thread; warm-up {warmup} steps "
         f"{rate:.0f} train samples/s\n# operators of the next {steps} steps, by own CPU time:\n{table}\n"
     )
 

@@ -113,12 +113,21 @@ class SampleTensors:
         generator: torch.Generator | None = None,
         drop_last: bool = False,
         bucket: bool = False,
+        bucket_pool: int = 50,
     ):
-        """Yield batches; ``bucket`` groups similar lengths (shuffled chunks of 50 batches sorted by length)."""
+        """Yield batches; ``bucket`` groups similar lengths.
+
+        The shuffled samples are cut into pools of ``bucket_pool`` batches, each pool is sorted by history
+        length and cut into batches, and the batches of all pools are shuffled. A small pool keeps each
+        batch a near-random draw and still trims most of the padding (GeoLife train, batch 32: padded
+        tokens 2.40x the real ones for plain batches, 1.34x with pools of 4 batches, 1.03x with 50).
+        """
+        if bucket_pool < 1:
+            raise ValueError(f"bucket_pool must be >= 1 batch, got {bucket_pool}")
         order = torch.randperm(self.n, generator=generator) if shuffle else torch.arange(self.n)
         if bucket and shuffle:
             lengths = torch.from_numpy(self.lengths_np)
-            chunk = batch_size * 50
+            chunk = batch_size * bucket_pool
             parts = []
             for start in range(0, self.n, chunk):
                 part = order[start : start + chunk]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,17 @@ def test_pointer_schedule_matches_reference():
     assert _pointer_lr(50, cfg) == pytest.approx(1e-6)
 
 
+@pytest.mark.parametrize(
+    ("kind", "pool"), [("mhsa", 8), ("mhsa_diagonal", 8), ("pointer", 4), ("pointer_plus", 50)]
+)
+def test_batches_come_from_length_sorted_pools_and_the_reference_batches_are_one_override_away(kind, pool):
+    """The recipes draw their batches from pools sorted by length (sizes chosen on validation, see
+    nextloc.train); ``bucket=False`` gives the reference's plain shuffled batches, the rest unchanged."""
+    ours = TrainConfig.for_recipe(kind)
+    assert (ours.bucket, ours.bucket_pool) == (True, pool)
+    assert TrainConfig.for_recipe(kind, bucket=False) == replace(ours, bucket=False)
+
+
 def test_unknown_training_option_is_rejected():
     with pytest.raises(ValueError, match="nope"):
         TrainConfig.for_recipe("mhsa", nope=1)
@@ -122,14 +134,54 @@ def test_bucketed_batches_cover_every_sample_once(data):
     assert sorted(seen.tolist()) == list(range(len(train)))
 
 
+@pytest.mark.parametrize("pool", [1, 2, 4, 50])
+def test_each_bucket_pool_is_a_slice_of_the_shuffled_order(data, pool):
+    """A pool of ``pool`` batches holds the next ``pool * batch`` shuffled samples, sorted by length."""
+    train, _ = data
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(3)).tolist()
+    batches = list(
+        train.batches(
+            16, shuffle=True, generator=torch.Generator().manual_seed(3), bucket=True, bucket_pool=pool
+        )
+    )
+    assert sorted(torch.cat([b.index for b in batches]).tolist()) == list(range(len(train)))
+    pools = [set(order[start : start + 16 * pool]) for start in range(0, len(train), 16 * pool)]
+    by_pool: dict[int, list[list[int]]] = {}
+    for batch in batches:
+        rows = set(batch.index.tolist())
+        owners = [i for i, members in enumerate(pools) if rows <= members]
+        assert len(owners) == 1, "a batch mixes samples of two pools"
+        by_pool.setdefault(owners[0], []).append(batch.lengths.tolist())
+    assert sorted(by_pool) == list(range(len(pools)))
+    for cut in by_pool.values():
+        # the pool sorted by length, then cut: each batch is sorted and ends where the next one starts
+        cut.sort(key=lambda lengths: (lengths[0], lengths[-1]))
+        flat = [length for lengths in cut for length in lengths]
+        assert flat == sorted(flat)
+
+
+def test_smaller_bucket_pools_pad_more_and_a_pool_must_hold_a_batch(data):
+    train, _ = data
+
+    def padded(**kw):
+        gen = torch.Generator().manual_seed(0)
+        return sum(b.loc.numel() for b in train.batches(16, shuffle=True, generator=gen, **kw))
+
+    plain, pool4, pool50 = padded(), padded(bucket=True, bucket_pool=4), padded(bucket=True, bucket_pool=50)
+    assert pool50 <= pool4 < plain
+    with pytest.raises(ValueError, match="bucket_pool"):
+        next(train.batches(16, shuffle=True, bucket=True, bucket_pool=0))
+
+
 # --- resuming after a crash -------------------------------------------------------------------------
 
 # mhsa on the toy task with a tight early stop: the scheduler runs until epoch 4, the first early stop
 # (best-reload, lr x 0.1) fires at epoch 4, the second at 5, the third ends training at epoch 6 of 10.
 MHSA_DROPS = {"max_epochs": 10, "patience": 1, "es_delta": 0.2, "lr_drops": 2, "batch_size": 32, "lr": 3e-3}
 RESUME_CASES = {
-    "mhsa": ("mhsa", MHSA_DROPS),
-    "pointer": ("pointer", {"max_epochs": 4, "min_epochs": 0, "batch_size": 32}),
+    "mhsa": ("mhsa", {**MHSA_DROPS, "bucket": False}),  # the reference's plain shuffled batches
+    "mhsa_pooled": ("mhsa", {"max_epochs": 3, "batch_size": 16, "lr": 3e-3}),  # the recipe's pools of 8
+    "pointer": ("pointer", {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "bucket": False}),
     "pointer_ema_bucket": (
         "pointer",
         {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "ema_decay": 0.9, "bucket": True},
@@ -223,6 +275,7 @@ def test_mhsa_case_exercises_the_early_stops(data):
         ("mhsa", 4),  # the epoch of the first early stop
         ("mhsa", 5),  # between the drops
         ("mhsa", 6),  # the epoch that ended training: the resumed call trains nothing
+        ("mhsa_pooled", 2),
         ("pointer", 2),
         ("pointer_ema_bucket", 3),
         ("lstm", 1),
@@ -380,7 +433,7 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
         )
 
 
-@pytest.mark.parametrize("case", ["mhsa", "pointer", "pointer_ema_bucket", "lstm"])
+@pytest.mark.parametrize("case", ["mhsa", "mhsa_pooled", "pointer", "pointer_ema_bucket", "lstm"])
 def test_prefetching_and_overlapped_validation_change_nothing(case, data):
     """Dropout draws prefetched on a thread and each epoch validated beside the next one (the CPU defaults)
     give the inline run's weights, history and final global generator state, bit for bit: the mhsa case
