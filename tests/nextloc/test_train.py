@@ -120,6 +120,13 @@ def test_batches_come_from_length_sorted_pools_and_the_reference_batches_are_one
     assert TrainConfig.for_recipe(kind, bucket=False) == replace(ours, bucket=False)
 
 
+def test_the_lstm_keeps_the_reference_plain_batches():
+    """No pool size kept the LSTM's validation means (nextloc.train): it trains on plain shuffled batches."""
+    assert TrainConfig.for_recipe("lstm").bucket is False
+    mhsa = TrainConfig.for_recipe("mhsa")
+    assert replace(TrainConfig.for_recipe("lstm"), bucket=mhsa.bucket, bucket_pool=mhsa.bucket_pool) == mhsa
+
+
 def test_unknown_training_option_is_rejected():
     with pytest.raises(ValueError, match="nope"):
         TrainConfig.for_recipe("mhsa", nope=1)
