@@ -143,6 +143,10 @@ class TrainConfig:
     # the recipe's course: an early stop or the end); same results either way
     overlap_validation: bool = True
 
+    def __post_init__(self) -> None:
+        if self.bucket_pool < 1:
+            raise ValueError(f"bucket_pool must be >= 1 batch, got {self.bucket_pool}")
+
     @classmethod
     def for_recipe(cls, recipe: str, **overrides: Any) -> TrainConfig:
         """The recipe of a model kind (``mhsa``/``lstm``, ``pointer``, ``pointer_plus[_refit]``) with overrides."""

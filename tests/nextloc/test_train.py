@@ -120,6 +120,11 @@ def test_batches_come_from_length_sorted_pools_and_the_reference_batches_are_one
     assert TrainConfig.for_recipe(kind, bucket=False) == replace(ours, bucket=False)
 
 
+def test_a_pool_smaller_than_a_batch_is_rejected_with_the_recipe():
+    with pytest.raises(ValueError, match="bucket_pool must be >= 1 batch, got 0"):
+        TrainConfig.for_recipe("mhsa", bucket_pool=0)
+
+
 def test_the_lstm_keeps_the_reference_plain_batches():
     """No pool size kept the LSTM's validation means (nextloc.train): it trains on plain shuffled batches."""
     assert TrainConfig.for_recipe("lstm").bucket is False
