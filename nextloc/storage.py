@@ -8,6 +8,7 @@ gives the same bytes (fixed compression, no timestamps in the metadata).
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -61,8 +63,24 @@ def write_parquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
 
 
 def write_json(data: Any, path: Path) -> str:
-    """Write JSON (sorted keys, indented) atomically; returns the file's fingerprint."""
-    return write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", path)
+    """Write strict JSON (sorted keys, indented) atomically; returns the file's fingerprint.
+
+    A number that is not finite (an undefined metric: an AUC with one class only) is written as ``null``:
+    Python would write a bare ``NaN``, which strict readers (browsers, ``jq``, most languages) reject.
+    """
+    text = json.dumps(_finite(data), indent=2, sort_keys=True, default=str, allow_nan=False)
+    return write_text(text + "\n", path)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float inside dicts, lists and tuples a Python float, or None where not finite."""
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_text(text: str, path: Path) -> str:
