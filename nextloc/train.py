@@ -104,7 +104,8 @@ _RESUME_KEYS = frozenset(
 class TrainConfig:
     """Optimisation recipe; ``TrainConfig.for_recipe("pointer")`` gives the pointer's values.
 
-    The reference recipes differ from nextloc's only in their batches: ``for_recipe(kind, bucket=False)``.
+    ``mhsa`` and ``pointer`` differ from the reference recipes only in their batches: ``for_recipe(kind,
+    bucket=False)`` gives the reference's plain shuffled batches.
     """
 
     recipe: Literal["mhsa", "pointer"] = "mhsa"
@@ -130,9 +131,8 @@ class TrainConfig:
     refit_on_train_val: bool = False
     drop_last: bool = True
     bucket: bool = False
-    bucket_pool: int = (
-        50  # batches per length-sorted pool when ``bucket`` (nextloc.data.SampleTensors.batches)
-    )
+    # batches per length-sorted pool when ``bucket`` (nextloc.data.SampleTensors.batches)
+    bucket_pool: int = 50
     amp: bool = True
     seed: int = 0
     deterministic: bool = True
