@@ -30,7 +30,8 @@ def recipe_step(
     foreach: bool = False,
 ) -> tuple[Callable[[Any], None], list, Any]:
     """A training step of ``kind``'s recipe (forward, loss, backward, clipping, optimiser step) on one intra-op
-    thread, the recipe's shuffled training batches (seed 0) and its ``TrainConfig``.
+    thread, with the recipe's dropout draws, the recipe's shuffled training batches (seed 0) and its
+    ``TrainConfig``.
 
     ``wrap_loss`` wraps the batch -> loss function (autocast, ``torch.compile``); ``foreach`` runs Adam and the
     clipping as the trainer does (the same bits, less Python per step).
@@ -39,6 +40,7 @@ def recipe_step(
 
     from nextloc.data import SampleTensors
     from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
+    from nextloc.models.dropout import pcg64_dropout
     from nextloc.train import TrainConfig, _loss, seed_everything
 
     meta = json.loads((data_dir / "metadata.json").read_text())
@@ -70,7 +72,8 @@ def recipe_step(
     loss_fn = wrap_loss(loss_of) if wrap_loss is not None else loss_of
 
     def step(batch: Any) -> None:
-        loss = loss_fn(batch)
+        with pcg64_dropout(config.dropout_rng == "pcg64"):  # the recipe's dropout draws, as the trainer's
+            loss = loss_fn(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm, foreach=foreach)
@@ -93,7 +96,8 @@ def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -
             step(batch)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
     return (
-        f"# {kind}: batch {config.batch_size}, bucketed {config.bucket} (pools of {config.bucket_pool}), 1 thread; warm-up {warmup} steps "
+        f"# {kind}: batch {config.batch_size}, bucketed {config.bucket} (pools of {config.bucket_pool}), "
+        f"dropout draws {config.dropout_rng}, 1 thread; warm-up {warmup} steps "
         f"{rate:.0f} train samples/s\n# operators of the next {steps} steps, by own CPU time:\n{table}\n"
     )
 

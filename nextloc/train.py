@@ -84,7 +84,8 @@ from torch import nn
 
 from nextloc.data import SampleTensors
 from nextloc.metrics import MetricAccumulator
-from nextloc.models.dropout import prefetched_dropout, streams_dropout
+from nextloc.models import dropout as dropout_draws
+from nextloc.models.dropout import pcg64_dropout, prefetched_dropout, streams_dropout
 from nextloc.models.ensemble import SeedEnsemble
 from nextloc.storage import atomic_path
 
@@ -92,7 +93,7 @@ logger = logging.getLogger(__name__)
 
 LogMetrics = Callable[[dict[str, float], int], None]
 
-RESUME_FORMAT = 1  # bump when the resume file layout changes (older files are then ignored)
+RESUME_FORMAT = 2  # bump when the resume file layout changes (older files are then ignored)
 SELECTION_CHECKPOINT = "selection.pt"
 REFIT_CHECKPOINT = "refit.pt"
 _RESUME_KEYS = frozenset(
@@ -137,13 +138,19 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = True
     num_threads: int | None = None
-    # CPU: draw the dropout masks on a background thread (nextloc.models.dropout); same results either way
+    # CPU: where dropout's masks come from (nextloc.models.dropout): "torch", F.dropout's draws from torch's
+    # global generator (the reference's bits); "pcg64", a NumPy PCG64 stream of its own (about a tenth of the
+    # cost, other masks). CUDA: F.dropout either way
+    dropout_rng: Literal["torch", "pcg64"] = "torch"
+    # CPU, dropout_rng="torch": draw the masks on a background thread; same results either way
     prefetch_dropout: bool = True
     # CPU: validate each epoch on a thread while the next one trains (rolled back when the check changes
     # the recipe's course: an early stop or the end); same results either way
     overlap_validation: bool = True
 
     def __post_init__(self) -> None:
+        if self.dropout_rng not in ("torch", "pcg64"):
+            raise ValueError(f"dropout_rng must be 'torch' or 'pcg64', got {self.dropout_rng!r}")
         if self.bucket_pool < 1:
             raise ValueError(f"bucket_pool must be >= 1 batch, got {self.bucket_pool}")
 
@@ -153,7 +160,7 @@ class TrainConfig:
         if recipe in ("mhsa", "mhsa_diagonal"):
             base = cls(recipe="mhsa", bucket=True, bucket_pool=8)
         elif recipe == "lstm":
-            base = cls(recipe="mhsa")
+            base = cls(recipe="mhsa", dropout_rng="pcg64")
         elif recipe in ("pointer", "pointer_plus", "pointer_plus_refit"):
             base = cls(
                 recipe="pointer",
@@ -174,6 +181,7 @@ class TrainConfig:
                 drop_last=False,
                 bucket=True,
                 bucket_pool=4,
+                dropout_rng="pcg64",
             )
             if recipe in ("pointer_plus", "pointer_plus_refit"):
                 # nextloc's schedule: a cosine that anneals within 15 epochs. pointer_plus chooses the epoch
@@ -256,10 +264,11 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def seed_everything(seed: int, deterministic: bool = True) -> None:
-    """Seed Python, NumPy and torch; optionally force deterministic kernels."""
+    """Seed Python, NumPy, torch and the PCG64 dropout stream; optionally force deterministic kernels."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    dropout_draws.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
     if deterministic:
@@ -318,7 +327,13 @@ def fit(
     seed_everything(config.seed, config.deterministic)
     use_amp = config.amp and device.type == "cuda"
     steps_per_epoch = _steps_per_epoch(len(train), config)
-    prefetch = config.prefetch_dropout and device.type == "cpu" and streams_dropout(model)
+    pcg64 = config.dropout_rng == "pcg64" and device.type == "cpu"
+    prefetch = (
+        config.dropout_rng == "torch"
+        and config.prefetch_dropout
+        and device.type == "cpu"
+        and streams_dropout(model)
+    )
     gen, scaler, optimizer, scheduler, ema = _training_objects(model, config, steps_per_epoch, use_amp)
     progress = _Progress(best_state=copy.deepcopy(model.state_dict()))
 
@@ -447,7 +462,7 @@ def fit(
             holds = True
             while True:
                 paused = False
-                with prefetched_dropout(prefetch):
+                with pcg64_dropout(pcg64), prefetched_dropout(prefetch):
                     for batch in batches:
                         with torch.autocast(device.type, dtype=torch.float16, enabled=use_amp):
                             if hasattr(model, "training_loss"):
@@ -803,6 +818,7 @@ def _rng_state(gen: torch.Generator) -> dict[str, Any]:
             "cached_gaussian": float(cached_gaussian),
         },
         "python": random.getstate(),
+        "dropout": dropout_draws.get_state(),
     }
 
 
@@ -829,6 +845,7 @@ def _set_rng_state(rng: dict[str, Any], gen: torch.Generator) -> None:
     )
     version, internal, gauss_next = rng["python"]
     random.setstate((version, tuple(internal), gauss_next))
+    dropout_draws.set_state(rng["dropout"])
 
 
 def _loop_state(

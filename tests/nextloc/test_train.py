@@ -24,6 +24,7 @@ from nextloc.train import (
     fit_model,
     fit_seed_ensemble,
     predict_scores,
+    seed_everything,
 )
 
 V, U = 12, 4
@@ -129,7 +130,8 @@ def test_the_lstm_keeps_the_reference_plain_batches():
     """No pool size kept the LSTM's validation means (nextloc.train): it trains on plain shuffled batches."""
     assert TrainConfig.for_recipe("lstm").bucket is False
     mhsa = TrainConfig.for_recipe("mhsa")
-    assert replace(TrainConfig.for_recipe("lstm"), bucket=mhsa.bucket, bucket_pool=mhsa.bucket_pool) == mhsa
+    lstm = TrainConfig.for_recipe("lstm", dropout_rng="torch")
+    assert replace(lstm, bucket=mhsa.bucket, bucket_pool=mhsa.bucket_pool) == mhsa
 
 
 def test_unknown_training_option_is_rejected():
@@ -191,9 +193,14 @@ def test_smaller_bucket_pools_pad_more_and_a_pool_must_hold_a_batch(data):
 # (best-reload, lr x 0.1) fires at epoch 4, the second at 5, the third ends training at epoch 6 of 10.
 MHSA_DROPS = {"max_epochs": 10, "patience": 1, "es_delta": 0.2, "lr_drops": 2, "batch_size": 32, "lr": 3e-3}
 RESUME_CASES = {
-    "mhsa": ("mhsa", {**MHSA_DROPS, "bucket": False}),  # the reference's plain shuffled batches
-    "mhsa_pooled": ("mhsa", {"max_epochs": 3, "batch_size": 16, "lr": 3e-3}),  # the recipe's pools of 8
-    "pointer": ("pointer", {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "bucket": False}),
+    # the reference's plain shuffled batches and F.dropout's draws
+    "mhsa": ("mhsa", {**MHSA_DROPS, "bucket": False, "dropout_rng": "torch"}),
+    # the recipe's pools of 8, with PCG64 masks
+    "mhsa_pooled": ("mhsa", {"max_epochs": 3, "batch_size": 16, "lr": 3e-3, "dropout_rng": "pcg64"}),
+    "pointer": (
+        "pointer",
+        {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "bucket": False, "dropout_rng": "torch"},
+    ),
     "pointer_ema_bucket": (
         "pointer",
         {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "ema_decay": 0.9, "bucket": True},
@@ -460,8 +467,9 @@ def test_prefetching_and_overlapped_validation_change_nothing(case, data):
 
 
 def test_models_with_other_draws_do_not_prefetch(data, monkeypatch):
-    """pointer_plus draws its unknown-place augmentation with torch.rand and the LSTM's dropout is inside
-    nn.LSTM: their epochs run inline (entering the prefetched block would raise on exit)."""
+    """With F.dropout's draws (``dropout_rng="torch"``): pointer_plus draws its unknown-place augmentation with
+    torch.rand and the LSTM's dropout is inside nn.LSTM, so their epochs run inline (entering the prefetched
+    block would raise on exit)."""
     import nextloc.models.dropout as dropout_module
 
     entered = []
@@ -471,9 +479,62 @@ def test_models_with_other_draws_do_not_prefetch(data, monkeypatch):
     for kind in ("pointer_plus", "lstm", "mhsa"):
         entered.clear()
         model = _build(kind)
-        config = TrainConfig.for_recipe(kind, max_epochs=1, batch_size=32)
+        config = TrainConfig.for_recipe(kind, max_epochs=1, batch_size=32, dropout_rng="torch")
         fit(model, train, val, config, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
         assert entered == [kind == "mhsa"], kind
+
+
+@pytest.mark.parametrize(
+    ("kind", "draws"),
+    [
+        ("mhsa", "torch"),
+        ("mhsa_diagonal", "torch"),
+        ("lstm", "pcg64"),
+        ("pointer", "pcg64"),
+        ("pointer_plus", "pcg64"),
+        ("pointer_plus_refit", "pcg64"),
+    ],
+)
+def test_recipes_dropout_draws_and_the_reference_draws_are_one_override_away(kind, draws):
+    """PCG64 masks where they kept the validation means (nextloc.train); ``dropout_rng="torch"`` gives
+    F.dropout's draws, the rest of the recipe unchanged."""
+    ours = TrainConfig.for_recipe(kind)
+    assert ours.dropout_rng == draws
+    assert TrainConfig.for_recipe(kind, dropout_rng="torch") == replace(ours, dropout_rng="torch")
+    with pytest.raises(ValueError, match="dropout_rng must be 'torch' or 'pcg64', got 'mt'"):
+        TrainConfig.for_recipe(kind, dropout_rng="mt")
+
+
+def test_pcg64_dropout_leaves_torch_generator_alone_and_follows_the_seed(data, monkeypatch):
+    """mhsa's only random draws are dropout's: with PCG64 masks (not its recipe's), training leaves torch's global generator where
+    seeding put it, no epoch enters the prefetched block, and the same seed gives the same weights while
+    another seed of the dropout stream alone gives others."""
+    import nextloc.models.dropout as dropout_module
+
+    entered = []
+    real = dropout_module.prefetched_dropout
+    monkeypatch.setattr(train_module, "prefetched_dropout", lambda on: entered.append(on) or real(on))
+    train, val = data
+    config = TrainConfig.for_recipe("mhsa", max_epochs=2, batch_size=32, dropout_rng="pcg64")
+
+    def weights(dropout_seed: int | None = None) -> dict[str, torch.Tensor]:
+        def seed(seed: int, deterministic: bool = True) -> None:
+            seed_everything(seed, deterministic)
+            if dropout_seed is not None:  # another dropout stream, everything else as seeded
+                dropout_module.manual_seed(dropout_seed)
+
+        monkeypatch.setattr(train_module, "seed_everything", seed)
+        return fit(_build("mhsa"), train, val, config, log_prob_output=False).model.state_dict()
+
+    first = weights()
+    after = torch.get_rng_state()
+    seed_everything(config.seed)
+    assert torch.equal(after, torch.get_rng_state())
+    assert entered
+    assert not any(entered)
+    again, other = weights(), weights(dropout_seed=1)
+    assert all(torch.equal(again[k], v) for k, v in first.items())
+    assert not all(torch.equal(other[k], v) for k, v in first.items())
 
 
 def test_deterministic_mode_without_importing_inductor():
