@@ -21,38 +21,56 @@ Recipes (reference-protocol.md section 2):
   0.03 on the log-probabilities; per-epoch LR: 5 warmup epochs then cosine to 1e-6 over 45 epochs;
   early stopping on validation loss (strict improvement), patience 5, at least 8 epochs, at most 50.
 
-Batches: the one change from the reference recipes, for speed (issue 13). The reference draws plain
-shuffled batches, and on GeoLife (history lengths 1-51, median 16) they hold 2.4x as many padded tokens as
-real ones. Here the shuffled samples are cut into pools of a few batches, each pool sorted by length and cut
-into batches, and the batches shuffled (:meth:`nextloc.data.SampleTensors.batches`): MHSA draws from pools
-of 8 batches (1.17x the real tokens), the pointer from pools of 4 (1.38x). Each pool size was chosen on
-validation over 5 seeds, as the largest tried whose validation means (Acc@1, MRR, place Acc@1) stay within
-0.3 points of the plain batches' or above them, and whose validation loss is no worse:
+Two changes from the reference recipes, for speed (issue 13): the batches and, for the pointer recipes and
+the LSTM, where dropout's masks come from. Each was chosen on validation over 5 seeds (test reported once).
+
+Batches. The reference draws plain shuffled batches, and on GeoLife (history lengths 1-51, median 16) they
+hold 2.4x as many padded tokens as real ones. Here the shuffled samples are cut into pools of a few batches,
+each pool sorted by length and cut into batches, and the batches shuffled
+(:meth:`nextloc.data.SampleTensors.batches`): MHSA draws from pools of 8 batches (1.17x the real tokens), the
+pointer from pools of 4 (1.38x). Each pool size is the largest tried whose validation means (Acc@1, MRR,
+place Acc@1) stay within 0.3 points of the plain batches' or above them, and whose validation loss is no
+worse:
 
 * mhsa, plain batches: 38.84 / 49.30 (validation Acc@1 / MRR); pools of 4: 39.24 / 49.66; **8: 39.57 /
   49.83**; 16: 37.91 / 48.65; 50: 38.60 / 48.85.
 * pointer, plain batches: 45.90 / 59.77; **pools of 4: 46.34 / 60.04**; 8: 45.20 / 59.44.
 * lstm, plain batches: 34.52 / 46.52; pools of 8: 33.95 / 45.84 (and a higher validation loss), so the
-  LSTM keeps the reference's plain batches (its ``pack_padded_sequence`` already skips the padding).
+  LSTM keeps the reference's plain batches.
 
-The seeds spread by 1-2.5 points on validation, so these differences are noise: the point is that pools
-of a few batches cost nothing measurable. ``bucket=False`` gives the reference's plain batches (bit-identical
-to the reference recipe before this change).
+Dropout draws (``dropout_rng``). On a CPU ``F.dropout``'s ``bernoulli_`` is a serial Mersenne-Twister loop,
+about a quarter of a pointer step; ``"pcg64"`` draws the masks from a NumPy PCG64 stream instead (about a
+tenth of the cost, :mod:`nextloc.models.dropout`). Kept where the 5-seed validation means stay within 0.3
+points of the reference recipe's (the issue's rule; validation Acc@1 / MRR / place Acc@1, loss):
+
+* pointer (with its pools of 4): 46.03 / 59.85 / 41.92, loss 2.981, against plain batches and F.dropout's
+  draws 45.90 / 59.77 / 41.54, 2.989: kept.
+* pointer_plus: 44.45 / 53.68 (place MRR, its monitor, 53.66), loss 4.124, against its F.dropout draws
+  44.35 / 53.63 (53.62), 4.116: kept (the loss is 0.008 higher, a third of its seeds' spread).
+* lstm (with the unpacked LSTM, :mod:`nextloc.models.lstm`): 34.24 / 46.36, loss 4.492, against the
+  reference's 34.52 / 46.52, 4.481: kept (Acc@1 0.28 lower).
+* mhsa (with its pools of 8): 37.25 / 48.10, loss 4.544, against 38.84 / 49.30, 4.596: Acc@1 1.6 points
+  lower, so mhsa keeps F.dropout's draws (prefetched on a thread, the same bits).
+
+The seeds spread by 1-3 points on validation, so these differences are mostly noise: the point is that
+neither change costs anything measurable. ``bucket=False`` gives the reference's plain batches and
+``dropout_rng="torch"`` F.dropout's draws: both together are the reference recipe, bit-identical to it
+before these changes (the LSTM's states differ from the packed reference's in their last bits).
 
 CUDA (when present): fp16 autocast with a gradient scaler, tensors already on the device, pinned host
 memory and non-blocking copies for anything that crosses; CPU otherwise (fp32). On a CPU with a second
 core, two kinds of work leave the training thread, and neither changes a bit of the results (weights,
-history, resume files, generator states; ``tests/nextloc/test_train.py``): the dropout draws of mhsa and
-the reference pointer are drawn ahead on a thread (:mod:`nextloc.models.dropout`, ``prefetch_dropout``),
-and each epoch is validated on a copy of the model while the next epoch trains (``overlap_validation``).
+history, resume files, generator states; ``tests/nextloc/test_train.py``): F.dropout's draws (mhsa, and any
+recipe with ``dropout_rng="torch"``) are drawn ahead on a thread (:mod:`nextloc.models.dropout`,
+``prefetch_dropout``), and each epoch is validated on a copy of the model while the next epoch trains (``overlap_validation``).
 When that validation changes the recipe's course (an early stop reloads the best weights and lowers the
 rate, or training ends), the loop restores its state at the end of the validated epoch, applies the
 decision and trains the next epoch again.
 
 Resuming (``fit(..., resume_path=...)``, ``fit_model(..., checkpoint_dir=...)``): after every completed epoch
 the whole loop state is written atomically (model, optimizer, scheduler, gradient scaler, EMA, best weights,
-early-stopping counters, history, the batch-shuffling generator and the global torch/CUDA/NumPy/Python RNG
-states, which dropout draws from). A call that finds a resume file written for the same training config,
+early-stopping counters, history, the batch-shuffling generator, the global torch/CUDA/NumPy/Python RNG
+states and the PCG64 dropout stream's). A call that finds a resume file written for the same training config,
 the same identically initialised model, the same device type and the same samples continues after its
 epoch; after a crash (even SIGKILL) the weights, history and best epoch come out bit-identical to an
 uninterrupted run on the same machine. A file from anything else, or one that cannot be read (truncated,

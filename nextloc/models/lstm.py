@@ -1,9 +1,17 @@
 """LSTM baseline (aetandrianwr/next_loc_clean_v2 ``src/models/baseline/LSTM.py``).
 
-The MHSA embedding without position encoding or ``sqrt(d)`` scaling (dropout 0.1) -> 2-layer LSTM on packed
-sequences -> hidden state after the last real visit -> LayerNorm -> the MHSA residual FC head (at the hidden
-width) -> logits over every location id. The GeoLife reference configuration (emb 32, hidden 128) has
-482,659 trainable parameters (``total_loc_num=1187``, ``total_user_num=46``).
+The MHSA embedding without position encoding or ``sqrt(d)`` scaling (dropout 0.1) -> 2-layer LSTM -> hidden
+state after the last real visit -> LayerNorm -> the MHSA residual FC head (at the hidden width) -> logits over
+every location id. The GeoLife reference configuration (emb 32, hidden 128) has 482,659 trainable parameters
+(``total_loc_num=1187``, ``total_user_num=46``).
+
+The reference packs the padded batch (``pack_padded_sequence``) and reads ``h_n``. Here the LSTM runs over the
+right-padded batch and the top layer's output is read at each sequence's last real step: padding only
+follows a sequence's real steps, so it never reaches that output, and the two give the same states (up to
+float rounding; ``tests/nextloc/test_models.py``). On a CPU the padded batch goes through oneDNN's fused
+LSTM, whose forward and backward take about a third of the packed path's per-step loop (the padded steps
+included); on CUDA both are cuDNN. In training, the dropout between the layers also draws for the padded
+steps, so its masks differ from the packed run's.
 """
 
 from __future__ import annotations
@@ -12,10 +20,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
 
 from nextloc.data import Batch
-from nextloc.models.embedding import ContextEmbedding, ResidualHead
+from nextloc.models.embedding import ContextEmbedding, ResidualHead, last_valid
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,6 @@ class LSTMModel(nn.Module):
             ``(B, total_loc_num)`` logits (nothing masked).
         """
         emb = self.embedding(batch)  # (B, T, emb)
-        packed = pack_padded_sequence(emb, batch.lengths.cpu(), batch_first=True, enforce_sorted=False)
-        _, (h_n, _) = self.lstm(packed)  # h_n: (layers, B, H), state after each sequence's last real step
-        h = self.layer_norm(h_n[-1])  # (B, H)
+        out, _ = self.lstm(emb)  # (B, T, H): the top layer's state after each step (see the module doc)
+        h = self.layer_norm(last_valid(out, batch.lengths))  # (B, H), after the last real step
         return self.head(h, batch.user)  # (B, V)

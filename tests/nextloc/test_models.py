@@ -316,6 +316,21 @@ def test_padding_does_not_change_outputs(kind, overrides):
         torch.testing.assert_close(together[row : row + 1], alone, rtol=0, atol=1e-5)
 
 
+def test_lstm_reads_the_state_the_reference_packed_lstm_ends_in():
+    """The reference packs the batch and reads h_n; the unpacked run read at each last real step is the same
+    state (up to float rounding), so the head sees what the reference's would."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    model = small("lstm").eval()
+    batch = make_batch([3, 11, 1, 6, 11], seed=2)
+    with torch.no_grad():
+        emb = model.embedding(batch)
+        packed = pack_padded_sequence(emb, batch.lengths, batch_first=True, enforce_sorted=False)
+        _, (h_n, _) = model.lstm(packed)
+        expected = model.head(model.layer_norm(h_n[-1]), batch.user)
+        torch.testing.assert_close(model(batch), expected, rtol=0, atol=1e-5)
+
+
 def test_diagonal_mask_variant():
     default = small("mhsa").eval()
     diagonal = build_model("mhsa", V, U, diagonal_mask=True).eval()
