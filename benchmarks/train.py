@@ -1,14 +1,15 @@
 """Benchmark: training throughput of nextloc's trainer against a reference-style loop, same run, same data.
 
-    python benchmarks/train.py --data-dir data/geolife            # MHSA and pointer, 1 seed each
+    python benchmarks/train.py --data-dir data/geolife            # every recipe, 1 seed each
     python benchmarks/train.py --data-dir data/geolife --five-seeds  # + 5-seed pointer_plus wall time
 
 The reference-style loop is what both reference repositories do: a per-sample ``Dataset`` building
 tensors in ``__getitem__``, a ``pad_sequence`` collate, torch's default thread count, and Acc@k/MRR/NDCG
 computed on every training batch with a ``topk`` and a full ``argsort`` over all locations. It trains the
 same model class with the same recipe, so the ratio isolates the training machinery. ``nextloc`` is the
-default trainer (one intra-op thread; on a CPU its dropout draws and each epoch's validation run on helper
-threads, see ``nextloc.train``); ``nextloc_inline`` turns both helpers off (everything on one thread).
+default trainer with each kind's recipe (one intra-op thread; on a CPU each epoch's validation runs on a
+helper thread, and so do F.dropout's draws where the recipe keeps them, see ``nextloc.train``);
+``nextloc_inline`` turns both helpers off (everything on one thread).
 Both processes have the same 2 cores. Prints JSON.
 """
 
@@ -31,7 +32,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=REPO / "data" / "geolife")
     parser.add_argument(
-        "--models", default="pointer,mhsa", help="kinds compared with the reference-style loop"
+        "--models",
+        default="mhsa,pointer,pointer_plus,lstm",
+        help="kinds compared with the reference-style loop",
     )
     parser.add_argument("--epochs", type=int, default=3, help="epochs for the throughput comparison")
     parser.add_argument(
