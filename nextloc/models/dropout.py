@@ -37,8 +37,9 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -140,31 +141,26 @@ def prefetched_dropout(enabled: bool = True) -> Iterator[None]:
         RuntimeError: on exit, when something else drew from the global generator inside the block (the
             run would differ from an inline one), or when the block is entered while another is active.
     """
-    global _active
     if not enabled:
         yield
         return
-    if _active is not None:
-        raise RuntimeError("a dropout block is already active")
-    stream = UniformStream(CHUNK, DEPTH)
-    _active = (stream, threading.get_ident())
     failed = False
-    try:
-        yield
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        _active = None
-        end_state = stream.close()
-        if not failed:
-            if not torch.equal(torch.get_rng_state(), stream.start_state):
-                raise RuntimeError(
-                    "torch's global generator was used inside prefetched_dropout by something other than "
-                    "nextloc.models.dropout; the draws would differ from an inline run (the model must not "
-                    "be marked as streaming its dropout)"
-                )
-            torch.set_rng_state(end_state)
+    with _drawing_from(lambda: UniformStream(CHUNK, DEPTH)) as stream:
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            end_state = stream.close()
+            if not failed:
+                if not torch.equal(torch.get_rng_state(), stream.start_state):
+                    raise RuntimeError(
+                        "torch's global generator was used inside prefetched_dropout by something other than "
+                        "nextloc.models.dropout; the draws would differ from an inline run (the model must "
+                        "not be marked as streaming its dropout)"
+                    )
+                torch.set_rng_state(end_state)
 
 
 class PCG64Draws:
@@ -178,6 +174,9 @@ class PCG64Draws:
         noise = (draws < threshold).astype(np.float32)
         noise *= np.float32(65536 / threshold)
         return torch.from_numpy(noise)
+
+
+_Draws = TypeVar("_Draws", UniformStream, PCG64Draws)
 
 
 def manual_seed(seed: int) -> None:
@@ -200,15 +199,24 @@ def set_state(state: str) -> None:
 def pcg64_dropout(enabled: bool = True) -> Iterator[None]:
     """Within the block, CPU float32 :func:`dropout` draws of the thread that entered it come from the PCG64
     stream (see the module doc). Not re-entrant, and not inside :func:`prefetched_dropout`."""
-    global _active
     if not enabled:
         yield
         return
+    with _drawing_from(PCG64Draws):
+        yield
+
+
+@contextmanager
+def _drawing_from(make: Callable[[], _Draws]) -> Iterator[_Draws]:
+    """Within the block, the calling thread's :func:`dropout` draws come from ``make()`` (made only when no
+    other block is active: a dropout block is not re-entrant)."""
+    global _active
     if _active is not None:
         raise RuntimeError("a dropout block is already active")
-    _active = (PCG64Draws(), threading.get_ident())
+    draws = make()
+    _active = (draws, threading.get_ident())
     try:
-        yield
+        yield draws
     finally:
         _active = None
 
