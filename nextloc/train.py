@@ -62,7 +62,8 @@ memory and non-blocking copies for anything that crosses; CPU otherwise (fp32). 
 core, two kinds of work leave the training thread, and neither changes a bit of the results (weights,
 history, resume files, generator states; ``tests/nextloc/test_train.py``): F.dropout's draws (mhsa, and any
 recipe with ``dropout_rng="torch"``) are drawn ahead on a thread (:mod:`nextloc.models.dropout`,
-``prefetch_dropout``), and each epoch is validated on a copy of the model while the next epoch trains (``overlap_validation``).
+``prefetch_dropout``), and each epoch is validated on a copy of the model while the next epoch trains
+(``overlap_validation``).
 When that validation changes the recipe's course (an early stop reloads the best weights and lowers the
 rate, or training ends), the loop restores its state at the end of the validated epoch, applies the
 decision and trains the next epoch again.

@@ -20,7 +20,8 @@ letting the run silently differ from an inline one. Outside that block, and on C
 The thread pays off when a core is free (a single training, or the last one of ``nextloc run``); when the
 cores are all busy it costs about what the inline draws cost.
 
-**PCG64 draws** (:func:`pcg64_dropout`, the trainer's default on a CPU: ``TrainConfig.dropout_rng``). The
+**PCG64 draws** (:func:`pcg64_dropout`; on a CPU the trainer uses them where ``TrainConfig.dropout_rng`` is
+``"pcg64"``: the pointer recipes and the LSTM). The
 masks come from a stream of NumPy's PCG64 generator of its own (:func:`manual_seed`, :func:`get_state`,
 :func:`set_state`; the trainer seeds it with the run's seed and keeps its state in resume files), four
 16-bit draws per 64-bit output, so a mask costs about a tenth of ``bernoulli_``'s Mersenne-Twister loop and
