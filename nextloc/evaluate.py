@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors
+from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
 from nextloc.metrics import RESULT_KEYS, MetricAccumulator
 from nextloc.novelty import NewPlaceHead, novelty_features
 from nextloc.sequences import UNSEEN
@@ -79,7 +79,7 @@ def score_split(score_fn: ScoreFn, data: SampleTensors, batch_size: int = 512) -
     features = []
     with torch.no_grad():
         for batch in data.batches(batch_size):
-            scores = score_fn(batch)
+            scores = by_length(score_fn, batch)  # length-sorted pieces: the same rows, little padding
             accumulator.update(scores, batch.target, batch.index)
             features.append(novelty_features(scores, batch).cpu())
     stacked = torch.cat(features).numpy() if features else np.zeros((0, 8), dtype=np.float32)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import nextloc.train as train_module
-from nextloc.data import SampleTensors
+from nextloc.data import SampleTensors, by_length
 from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
 from nextloc.train import (
     REFIT_CHECKPOINT,
@@ -185,6 +185,43 @@ def test_smaller_bucket_pools_pad_more_and_a_pool_must_hold_a_batch(data):
     assert pool50 <= pool4 < plain
     with pytest.raises(ValueError, match="bucket_pool"):
         next(train.batches(16, shuffle=True, bucket=True, bucket_pool=0))
+
+
+def test_scoring_by_length_gives_each_sample_its_row_in_the_batch_order(data):
+    """Pieces are length-sorted and trimmed; the rows come back where the batch had them."""
+    _, val = data
+    batch = next(val.batches(64))
+    calls = []
+
+    def per_sample(b):  # depends on each sample's own tokens only: exact whatever the padding
+        calls.append((b.loc.shape[1], b.lengths.clone()))
+        return torch.stack([b.index.float(), (b.loc * (b.loc > 0)).sum(1).float(), b.lengths.float()], 1)
+
+    rows = by_length(per_sample, batch, piece=8)
+    widths = [width for width, _ in calls]
+    assert len(widths) == 8
+    assert sorted(widths) == widths
+    assert widths[0] < widths[-1] == batch.loc.shape[1]
+    for width, lengths in calls:  # each piece: sorted lengths, trimmed to the longest
+        assert torch.equal(lengths, lengths.sort().values)
+        assert width == lengths.max()
+    assert torch.equal(rows, per_sample(batch))
+    assert torch.equal(by_length(per_sample, batch, piece=64), per_sample(batch))  # one piece: the batch
+
+
+@pytest.mark.parametrize("kind", ["mhsa", "pointer", "lstm"])
+def test_models_score_a_sample_alike_whatever_the_padding(kind, data):
+    """Scoring in length-sorted pieces (the default on a CPU) gives each model's rows to within rounding:
+    validation, test metrics and the early stop read the same scores."""
+    _, val = data
+    torch.manual_seed(0)
+    model = build_model(kind, V, U, **({"max_seq_len": 16} if kind == "pointer" else {})).eval()
+    with torch.no_grad():
+        whole = torch.cat([model(b) for b in val.batches(32)])
+        pieces = torch.cat([by_length(model, b, piece=8) for b in val.batches(32)])
+        default = torch.cat([by_length(model, b) for b in val.batches(32)])
+    torch.testing.assert_close(pieces, whole, rtol=1e-5, atol=1e-5)
+    assert torch.equal(default, whole)  # 32 samples: under the CPU piece of 64, scored whole
 
 
 # --- resuming after a crash -------------------------------------------------------------------------
