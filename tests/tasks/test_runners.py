@@ -1,4 +1,5 @@
-"""The training process pool: its workers end without the interpreter's teardown, losing nothing."""
+"""The training process pool: runs start in submission order; workers end without the interpreter's teardown,
+losing nothing."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import atexit
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,36 @@ def test_exit_skips_the_teardown_after_the_handlers():
         cwd=Path(__file__).parents[2],
     )
     assert out.stdout == "unflushedhandler ran\n"
+
+
+RUN_S = 0.5  # how long each run takes
+SLACK_S = 0.15  # two workers picking up the next two runs may read their clocks in either order
+
+
+@task
+def started_at(i: int) -> tuple[int, float]:
+    at = time.monotonic()
+    time.sleep(RUN_S)
+    return i, at
+
+
+@flow(task_runner=training_runner(2))
+def six_in_two_workers() -> list[tuple[int, float]]:
+    return [f.result() for f in [started_at.submit(i) for i in range(6)]]
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_runs_start_in_the_order_they_were_submitted():
+    """Six runs on two workers: none starts a run's length before the one submitted before it.
+
+    Runs go to the free workers two at a time, so two runs handed over in order can start within a fraction
+    of a millisecond of each other, in either order by the clock. A run handed over out of order starts a
+    whole run (0.5 s) before the one submitted ahead of it.
+    """
+    runs = six_in_two_workers()
+    assert [i for i, _ in runs] == list(range(6))
+    starts = [at for _, at in runs]
+    early = [
+        (i, round(starts[i - 1] - starts[i], 3)) for i in range(1, 6) if starts[i] < starts[i - 1] - SLACK_S
+    ]
+    assert not early, f"(run, seconds it started before the run submitted ahead of it): {early}"
