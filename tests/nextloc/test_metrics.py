@@ -12,11 +12,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sklearn.metrics import f1_score
 
 from nextloc.metrics import (
     METRIC_KEYS,
     MetricAccumulator,
+    _weighted_f1,
     evaluate_scores,
     new_place_metrics,
     place_ranks,
@@ -176,6 +179,26 @@ class TestMetricAccumulator:
         assert acc.compute()["f1"] == pytest.approx(
             100 * f1_score(y, top1, average="weighted", zero_division=0)
         )
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=300),
+    )
+    def test_weighted_f1_is_sklearns_bit_for_bit(self, pairs):
+        """Any targets and predictions (labels only predicted, only targeted, ties, one class): the same
+        float as the reference's sklearn call, not merely close to it."""
+        targets = np.array([t for t, _ in pairs], dtype=np.int64)
+        predicted = np.array([p for _, p in pairs], dtype=np.int64)
+        want = float(f1_score(targets, predicted, average="weighted", zero_division=0) * 100)
+        assert _weighted_f1(targets, predicted) == want
+
+    def test_weighted_f1_of_a_split_is_sklearns_bit_for_bit(self):
+        """A split-sized case (3,500 samples over 1,200 classes, as GeoLife's test split), both families."""
+        rng = np.random.default_rng(0)
+        targets = rng.integers(1, 1200, 3500)
+        predicted = np.where(rng.random(3500) < 0.4, targets, rng.integers(2, 1200, 3500))
+        want = float(f1_score(targets, predicted, average="weighted", zero_division=0) * 100)
+        assert _weighted_f1(targets, predicted) == want
 
     def test_f1_uses_lowest_index_among_tied_maxima(self):
         """Both rows tie classes 2 and 3 at the top; top1 = 2 for both, so only the first (y=2) is right:
