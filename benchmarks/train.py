@@ -2,6 +2,7 @@
 
     python benchmarks/train.py --data-dir data/geolife            # every recipe, 1 seed each
     python benchmarks/train.py --data-dir data/geolife --five-seeds  # + 5-seed pointer_plus wall time
+    python benchmarks/train.py --data-dir data/geolife --repeats 3   # medians of 3 rounds (noisy machines)
 
 The reference-style loop is what both reference repositories do: a per-sample ``Dataset`` building
 tensors in ``__getitem__``, a ``pad_sequence`` collate, torch's default thread count, and Acc@k/MRR/NDCG
@@ -40,28 +41,54 @@ def main() -> int:
     parser.add_argument(
         "--five-seeds", action="store_true", help="also time a full 5-seed pointer_plus run (2 workers)"
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds of the three runs per kind; each mode reports its median run, ratios are of the medians",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SEED", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.worker:
         kind, seed, mode = args.worker
         print(json.dumps(_run(args.data_dir, kind, int(seed), mode, args.epochs)))
         return 0
 
-    out: dict = {"machine": {"cpus": os.cpu_count()}, "data_dir": str(args.data_dir), "epochs": args.epochs}
+    out: dict = {
+        "machine": {"cpus": os.cpu_count()},
+        "data_dir": str(args.data_dir),
+        "epochs": args.epochs,
+        "repeats": args.repeats,
+    }
+    modes = ("nextloc", "inline", "reference")
     for kind in args.models.split(","):
-        ours = _subprocess(args.data_dir, kind, 0, "nextloc", args.epochs)
-        inline = _subprocess(args.data_dir, kind, 0, "inline", args.epochs)
-        ref = _subprocess(args.data_dir, kind, 0, "reference", args.epochs)
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for round_ in range(args.repeats):  # each round runs the three, in a rotated order
+            for mode in modes[round_ % 3 :] + modes[: round_ % 3]:
+                runs[mode].append(_subprocess(args.data_dir, kind, 0, mode, args.epochs))
+        ours, inline, ref = (_median_run(runs[mode]) for mode in modes)
         out[kind] = {
             "nextloc": ours,
             "nextloc_inline": inline,
             "reference_style": ref,
-            "ratio_train_samples_per_s": round(ours["train_samples_per_s"] / ref["train_samples_per_s"], 2),
-            "ratio_epoch_wall": round(ref["epoch_wall_s"] / ours["epoch_wall_s"], 2),
-            "ratio_inline_train_samples_per_s": round(
-                inline["train_samples_per_s"] / ref["train_samples_per_s"], 2
+            "ratio_train_samples_per_s": _ratio(ours["train_samples_per_s"], ref["train_samples_per_s"]),
+            "ratio_epoch_wall": _ratio(ref["epoch_wall_s"], ours["epoch_wall_s"]),
+            "ratio_inline_train_samples_per_s": _ratio(
+                inline["train_samples_per_s"], ref["train_samples_per_s"]
             ),
         }
+        if args.repeats > 1:
+            out[kind]["rounds"] = [
+                {
+                    "train_samples_per_s": {m: runs[m][i]["train_samples_per_s"] for m in modes},
+                    "ratio_train_samples_per_s": _ratio(
+                        runs["nextloc"][i]["train_samples_per_s"], runs["reference"][i]["train_samples_per_s"]
+                    ),
+                }
+                for i in range(args.repeats)
+            ]
     if args.five_seeds:
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=2) as pool:  # 2 training processes at a time, queued
@@ -84,6 +111,15 @@ def main() -> int:
     json.dump(out, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median train samples/s (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r["train_samples_per_s"])[(len(runs) - 1) // 2]
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 2)
 
 
 def _spawn(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> subprocess.Popen:
