@@ -430,7 +430,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, dict]:
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
-    return models, seeds, _kv(args.model_set), _kv(args.train_set)
+    model_set, train_set = _kv(args.model_set), _kv(args.train_set)
+    if model_set or train_set:  # what the trainings would reject, before the API starts (this imports torch)
+        from nextloc.models import ENSEMBLES, MODEL_REGISTRY
+        from nextloc.train import check_overrides
+
+        for kind in models:
+            if kind in MODEL_REGISTRY or kind in ENSEMBLES:  # the neural kinds (tasks.train.NEURAL)
+                check_overrides(kind, model_set, train_set)
+    return models, seeds, model_set, train_set
 
 
 def _neural(models: list[str]) -> list[str]:

@@ -36,7 +36,7 @@ from tasks.promotion import (
     SelectMetric,
 )
 from tasks.runners import make_task_runner
-from tasks.train import NEURAL, ModelKind
+from tasks.train import NEURAL, ModelKind, check_overrides
 
 Seed = Annotated[int, Field(ge=0)]
 
@@ -96,11 +96,7 @@ def preprocess_train(
     (a champion from earlier data reads them in its own ids, matched within ``match_radius_m``). The test,
     the p-value, per-user-group differences and the decision go to the MLflow parent run.
     """
-    unknown = (set(model_overrides or {}) | set(train_overrides or {})) - set(NEURAL)
-    if unknown:
-        raise ValueError(
-            f"model_overrides/train_overrides name unknown models {sorted(unknown)}; expected {NEURAL}"
-        )
+    check_overrides(model_overrides, train_overrides)  # before the preprocessing, not after it
     config = PreprocessConfig(
         timezone=timezone,
         staypoints=staypoints,

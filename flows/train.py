@@ -28,7 +28,7 @@ from tasks.promotion import (
     champion_challenger,
 )
 from tasks.runners import share_api_with_workers, training_runner
-from tasks.train import DataRef, TrackingConfig, train_model_task
+from tasks.train import DataRef, TrackingConfig, check_overrides, train_model_task
 
 DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus"]
 
@@ -63,6 +63,7 @@ def train(
     separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
     these small models train about twice as fast that way.
     """
+    check_overrides(model_overrides, train_overrides)
     logger = get_run_logger()
     models = models or DEFAULT_MODELS
     seeds = seeds if seeds is not None else [0]

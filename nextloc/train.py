@@ -90,7 +90,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -103,6 +103,7 @@ from torch import nn
 
 from nextloc.data import SampleTensors, by_length
 from nextloc.metrics import MetricAccumulator
+from nextloc.models import ENSEMBLES, check_model_overrides
 from nextloc.models import dropout as dropout_draws
 from nextloc.models.dropout import pcg64_dropout, prefetched_dropout, streams_dropout
 from nextloc.models.ensemble import SeedEnsemble
@@ -273,6 +274,22 @@ class _Progress:
     seconds_to_best: float = 0.0
     n_trained: int = 0
     train_loop_seconds: float = 0.0
+
+
+def check_overrides(kind: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> None:
+    """Raise what training ``kind`` (a model kind or a seed ensemble) with these overrides would, building
+    nothing: a key that is not a field of the kind's model config, or a training option
+    :meth:`TrainConfig.for_recipe` rejects (its name or value).
+
+    Raises:
+        ValueError: naming the kind and the key.
+    """
+    member = ENSEMBLES.get(kind, (kind, 0))[0]
+    try:
+        check_model_overrides(member, model)
+        TrainConfig.for_recipe(member, **train)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{kind}: {err}") from err
 
 
 def resolve_device(device: str = "auto") -> torch.device:

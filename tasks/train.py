@@ -27,6 +27,7 @@ from nextloc.sequences import SPLITS
 from nextloc.serving import save_bundle
 from nextloc.storage import write_json, write_parquet, write_with
 from nextloc.train import TrainConfig, fit_model, fit_seed_ensemble, resolve_device
+from nextloc.train import check_overrides as check_kind_overrides
 from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.catalog import Catalog
@@ -44,6 +45,25 @@ NEURAL = (
 )
 MODEL_KINDS = (*NEURAL, *BASELINES)
 ModelKind = Literal[MODEL_KINDS]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
+
+
+def check_overrides(
+    model_overrides: dict[str, dict[str, Any]] | None, train_overrides: dict[str, dict[str, Any]] | None
+) -> None:
+    """Raise, before any work, what the trainings would raise minutes later on these per-kind overrides.
+
+    Raises:
+        ValueError: a kind that is not a neural model, or an override of a kind that
+            :func:`nextloc.train.check_overrides` rejects.
+    """
+    model_overrides, train_overrides = model_overrides or {}, train_overrides or {}
+    unknown = (set(model_overrides) | set(train_overrides)) - set(NEURAL)
+    if unknown:
+        raise ValueError(
+            f"model_overrides/train_overrides name unknown models {sorted(unknown)}; expected {NEURAL}"
+        )
+    for kind in sorted(set(model_overrides) | set(train_overrides)):
+        check_kind_overrides(kind, model_overrides.get(kind, {}), train_overrides.get(kind, {}))
 
 
 @dataclass(frozen=True)

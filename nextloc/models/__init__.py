@@ -7,6 +7,7 @@ logits for ``"mhsa"`` and ``"lstm"``, log-probabilities for ``"pointer"`` (see :
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -70,16 +71,26 @@ def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides:
     Raises:
         ValueError: unknown ``kind`` or an override that is not a field of the kind's config.
     """
+    check_model_overrides(kind, overrides)
+    config_cls, model_cls = MODEL_REGISTRY[kind]
+    params = {**MODEL_PRESETS.get(kind, {}), **overrides}
+    config = config_cls(total_loc_num=total_loc_num, total_user_num=total_user_num, **params)
+    return model_cls(config)
+
+
+def check_model_overrides(kind: str, overrides: Mapping[str, Any]) -> None:
+    """Raise what :func:`build_model` would for ``kind`` and ``overrides``, without building anything.
+
+    Raises:
+        ValueError: unknown ``kind`` or an override that is not a field of the kind's config.
+    """
     if kind not in MODEL_REGISTRY:
         raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(MODEL_REGISTRY)}")
-    config_cls, model_cls = MODEL_REGISTRY[kind]
+    config_cls, _ = MODEL_REGISTRY[kind]
     allowed = {f.name for f in fields(config_cls)} - {"total_loc_num", "total_user_num"}
     unknown = sorted(set(overrides) - allowed)
     if unknown:
         raise ValueError(f"unknown {kind!r} config key(s) {unknown}; allowed: {sorted(allowed)}")
-    params = {**MODEL_PRESETS.get(kind, {}), **overrides}
-    config = config_cls(total_loc_num=total_loc_num, total_user_num=total_user_num, **params)
-    return model_cls(config)
 
 
 def model_config(model: nn.Module) -> dict[str, Any]:

@@ -183,6 +183,29 @@ class TestBadConfig:
         assert key in assert_stopped_before_work(result, dirs)
 
     @pytest.mark.parametrize(
+        ("args", "key"),
+        [
+            pytest.param(["--train-set", "bogus=1"], "bogus", id="unknown-training-option"),
+            pytest.param(["--train-set", "dropout_rng=mt"], "dropout_rng", id="bad-training-value"),
+            pytest.param(["--train-set", "bucket_pool=0"], "bucket_pool", id="bad-pool"),
+            pytest.param(["--model-set", "d_modle=64"], "d_modle", id="unknown-model-key"),
+        ],
+    )
+    @pytest.mark.parametrize("command", ["run", "train"])
+    def test_training_overrides_are_checked_before_work(
+        self, dirs: types.SimpleNamespace, command: str, args: list[str], key: str
+    ) -> None:
+        """What a training would reject minutes later (after the preprocessing, for run) stops the command
+        at once, naming the model kind and the key."""
+        where = ["--raw-dir", str(dirs.raw)] if command == "run" else []
+        result = nextloc(
+            command, *where, "--data-dir", str(dirs.out), "--model", "mhsa", *args, prefect_home=dirs.prefect
+        )
+        message = assert_stopped_before_work(result, dirs)
+        assert key in message
+        assert "ERROR mhsa: " in message
+
+    @pytest.mark.parametrize(
         ("yaml_text", "key"),
         [
             ("preprocess:\n  locations:\n    epsilonm: 50\n", "locations.epsilonm"),
