@@ -458,7 +458,10 @@ def _kv(items: list[str]) -> dict[str, Any]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from tasks.catalog import require_preprocessed
+
     models, seeds, model_set, train_set = _train_plan(args)
+    require_preprocessed(args.data_dir)  # before the API starts, not in the flow
     local_api.start_if_needed()  # the arguments are valid: the API boots while the flow imports
     neural = _neural(models)
     from flows.train import train

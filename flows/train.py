@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
@@ -16,7 +15,7 @@ from nextloc.metrics import HEADLINE
 from nextloc.sequences import SPLITS
 from tasks import tracking
 from tasks.caching import Artifact, cached_result
-from tasks.catalog import Catalog
+from tasks.catalog import Catalog, require_preprocessed
 from tasks.locking import data_dir_lock
 from tasks.progress import track
 from tasks.promotion import (
@@ -159,11 +158,6 @@ def _prefect_tags() -> dict[str, str]:
 
 def dataset_ref(data_dir: str) -> DataRef:
     """Describe the preprocessed dataset under ``data_dir`` (fails clearly if preprocessing has not run)."""
-    catalog = Catalog(str(Path(data_dir).resolve()))
-    missing = [p for p in [catalog.metadata, *(catalog.samples(s) for s in SPLITS)] if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"preprocessed data missing under {data_dir}: {[str(m) for m in missing]}; run `nextloc preprocess` first"
-        )
+    catalog = require_preprocessed(data_dir)
     samples = {s: Artifact.record(catalog.samples(s), hash_file(catalog.samples(s))) for s in SPLITS}
     return DataRef(str(catalog.root), samples, Artifact.record(catalog.metadata, hash_file(catalog.metadata)))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from nextloc.sequences import SPLITS
+
 
 @dataclass(frozen=True)
 class Catalog:
@@ -71,3 +73,19 @@ class Catalog:
         """Outputs of one trained model: ``results.json``, ``per_user.csv``, ``test_per_sample.parquet``,
         ``new_place_head.json``, charts, and (while training runs) ``checkpoints/``."""
         return self.root / "results" / kind / f"seed{seed}"
+
+
+def require_preprocessed(data_dir: str | Path) -> Catalog:
+    """The catalog of ``data_dir`` if what a training reads is there (metadata, the three sample splits).
+
+    Raises:
+        FileNotFoundError: naming the missing files and the command that makes them.
+    """
+    catalog = Catalog(str(Path(data_dir).resolve()))
+    needed = [catalog.metadata, *(catalog.samples(split) for split in SPLITS)]
+    missing = [str(path) for path in needed if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"preprocessed data missing under {data_dir}: {missing}; run `nextloc preprocess` first"
+        )
+    return catalog

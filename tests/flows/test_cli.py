@@ -205,6 +205,19 @@ class TestBadConfig:
         assert key in message
         assert "ERROR mhsa: " in message
 
+    def test_train_without_preprocessed_data_stops_before_work(self, dirs: types.SimpleNamespace) -> None:
+        """``nextloc train`` on a folder that was never preprocessed says so before Prefect starts."""
+        dirs.out.mkdir()
+        result = nextloc("train", "--data-dir", str(dirs.out), "--model", "mhsa", prefect_home=dirs.prefect)
+        output = one_line(result.stdout + result.stderr)
+        assert result.returncode == 2, output
+        assert "Traceback" not in output
+        assert "preprocessed data missing under" in output
+        assert "metadata.json" in output
+        assert "run `nextloc preprocess` first" in output
+        assert not dirs.prefect.exists(), "Prefect was started"
+        assert list(dirs.out.iterdir()) == []
+
     @pytest.mark.parametrize(
         ("yaml_text", "key"),
         [
