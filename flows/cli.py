@@ -433,11 +433,11 @@ def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, d
     model_set, train_set = _kv(args.model_set), _kv(args.train_set)
     if model_set or train_set:  # what the trainings would reject, before the API starts (this imports torch)
         from nextloc.models import ENSEMBLES, MODEL_REGISTRY
-        from nextloc.train import check_overrides
+        from nextloc.train import check_kind_overrides
 
         for kind in models:
             if kind in MODEL_REGISTRY or kind in ENSEMBLES:  # the neural kinds (tasks.train.NEURAL)
-                check_overrides(kind, model_set, train_set)
+                check_kind_overrides(kind, model_set, train_set)
     return models, seeds, model_set, train_set
 
 

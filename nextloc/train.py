@@ -276,7 +276,7 @@ class _Progress:
     train_loop_seconds: float = 0.0
 
 
-def check_overrides(kind: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> None:
+def check_kind_overrides(kind: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> None:
     """Raise what training ``kind`` (a model kind or a seed ensemble) with these overrides would, building
     nothing: a key that is not a field of the kind's model config, or a training option
     :meth:`TrainConfig.for_recipe` rejects (its name or value).

@@ -26,8 +26,7 @@ from nextloc.predict import example_visits
 from nextloc.sequences import SPLITS
 from nextloc.serving import save_bundle
 from nextloc.storage import write_json, write_parquet, write_with
-from nextloc.train import TrainConfig, fit_model, fit_seed_ensemble, resolve_device
-from nextloc.train import check_overrides as check_kind_overrides
+from nextloc.train import TrainConfig, check_kind_overrides, fit_model, fit_seed_ensemble, resolve_device
 from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.catalog import Catalog
@@ -54,7 +53,7 @@ def check_overrides(
 
     Raises:
         ValueError: a kind that is not a neural model, or an override of a kind that
-            :func:`nextloc.train.check_overrides` rejects.
+            :func:`nextloc.train.check_kind_overrides` rejects.
     """
     model_overrides, train_overrides = model_overrides or {}, train_overrides or {}
     unknown = (set(model_overrides) | set(train_overrides)) - set(NEURAL)
