@@ -193,7 +193,7 @@ class TestMetricAccumulator:
         assert _weighted_f1(targets, predicted) == want
 
     def test_weighted_f1_of_a_split_is_sklearns_bit_for_bit(self):
-        """A split-sized case (3,500 samples over 1,200 classes, as GeoLife's test split), both families."""
+        """A split-sized case: 3,500 samples over 1,200 classes, as GeoLife's test split."""
         rng = np.random.default_rng(0)
         targets = rng.integers(1, 1200, 3500)
         predicted = np.where(rng.random(3500) < 0.4, targets, rng.integers(2, 1200, 3500))
