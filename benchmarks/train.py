@@ -10,7 +10,9 @@ computed on every training batch with a ``topk`` and a full ``argsort`` over all
 same model class with the same recipe, so the ratio isolates the training machinery. ``nextloc`` is the
 default trainer with each kind's recipe (one intra-op thread; on a CPU each epoch's validation runs on a
 helper thread, and so do F.dropout's draws where the recipe keeps them, see ``nextloc.train``);
-``nextloc_inline`` turns both helpers off (everything on one thread).
+``nextloc_inline`` turns both helpers off (everything on one thread). The LSTM's reference-style loop trains
+nextloc's LSTM run as one fused call over the padded batch (the conservative ratio: faster than the reference's
+packed loop); ``reference_style_packed`` is the reference's own packed LSTM.
 Both processes have the same 2 cores. Prints JSON.
 """
 
@@ -62,13 +64,15 @@ def main() -> int:
         "epochs": args.epochs,
         "repeats": args.repeats,
     }
-    modes = ("nextloc", "inline", "reference")
     for kind in args.models.split(","):
+        # the LSTM also against the reference's own packed LSTM (pack_padded_sequence, h_n)
+        modes = ("nextloc", "inline", "reference") + (("reference_packed",) if kind == "lstm" else ())
         runs: dict[str, list[dict]] = {mode: [] for mode in modes}
-        for round_ in range(args.repeats):  # each round runs the three, in a rotated order
-            for mode in modes[round_ % 3 :] + modes[: round_ % 3]:
+        for round_ in range(args.repeats):  # each round runs every mode, in a rotated order
+            shift = round_ % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
                 runs[mode].append(_subprocess(args.data_dir, kind, 0, mode, args.epochs))
-        ours, inline, ref = (_median_run(runs[mode]) for mode in modes)
+        ours, inline, ref = (_median_run(runs[mode]) for mode in modes[:3])
         out[kind] = {
             "nextloc": ours,
             "nextloc_inline": inline,
@@ -79,6 +83,12 @@ def main() -> int:
                 inline["train_samples_per_s"], ref["train_samples_per_s"]
             ),
         }
+        if "reference_packed" in runs:
+            packed = _median_run(runs["reference_packed"])
+            out[kind]["reference_style_packed"] = packed
+            out[kind]["ratio_train_samples_per_s_packed"] = _ratio(
+                ours["train_samples_per_s"], packed["train_samples_per_s"]
+            )
         if args.repeats > 1:
             out[kind]["rounds"] = [
                 {
@@ -155,6 +165,10 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
 
     meta = json.loads((data_dir / "metadata.json").read_text())
     overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
+    if kind == "lstm" and mode == "reference":
+        # One fused call over the padded batch: faster than the reference's packed per-step loop (1.58x,
+        # BENCHMARKS.md), so the ratio is conservative; nextloc's LSTM runs in length chunks on a CPU.
+        overrides = {"length_chunks": False}
 
     def build():
         torch.manual_seed(seed)
@@ -162,6 +176,8 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
 
     if mode == "reference":
         return _reference_loop(build(), kind, data_dir, seed, epochs)
+    if mode == "reference_packed":
+        return _reference_loop(_packed_lstm(build()), kind, data_dir, seed, epochs)
     torch.set_num_threads(1)
     splits = {
         s: SampleTensors.from_parquet(data_dir / "samples" / f"{s}.parquet") for s in ("train", "val", "test")
@@ -192,6 +208,26 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
         "n_params": count_parameters(final.model),
         **{k: round(v, 2) for k, v in metrics.items() if k != "n"},
     }
+
+
+def _packed_lstm(model):  # noqa: ANN001, ANN202 (the class is made where torch is imported)
+    """The reference LSTM's forward around a nextloc LSTM's modules: the padded embeddings packed
+    (``pack_padded_sequence``), the LSTM's ``h_n`` of the top layer, LayerNorm, the head."""
+    import torch
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    class PackedLSTM(torch.nn.Module):
+        def __init__(self, inner) -> None:  # noqa: ANN001
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, batch):  # noqa: ANN001, ANN202
+            emb = self.inner.embedding(batch)
+            packed = pack_padded_sequence(emb, batch.lengths, batch_first=True, enforce_sorted=False)
+            _, (h_n, _) = self.inner.lstm(packed)
+            return self.inner.head(self.inner.layer_norm(h_n[-1]), batch.user)
+
+    return PackedLSTM(model)
 
 
 def _reference_loop(model, kind: str, data_dir: Path, seed: int, epochs: int) -> dict:
