@@ -332,7 +332,12 @@ def _add_tracking_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, default=None, help="YAML config (its 'preprocess' section)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="YAML config (its 'preprocess' section; with --dataset, the keys it sets apply over the profile's)",
+    )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key"
     )

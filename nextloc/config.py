@@ -156,23 +156,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         >>> load_config(overrides={"locations.epsilon_m": 50}).locations.epsilon_m
         50.0
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            raw = yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as err:
-            raise ValueError(f"{path}: not valid YAML: {err}") from err
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
-        data = raw.get("preprocess", raw)
-        if data is None:  # an empty ``preprocess:`` section: the defaults
-            data = {}
-        if not isinstance(data, dict):
-            raise ValueError(
-                f"{path}: 'preprocess' must be a mapping of config keys, got {type(data).__name__}"
-            )
+    data = read_config_file(path) if path is not None else {}
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
@@ -186,6 +170,38 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
             node = child
         node[leaf] = copy.deepcopy(value)  # later overrides must not write into the caller's values
     return PreprocessConfig.model_validate(data)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The keys a YAML config file sets: its ``preprocess`` section (or the whole file without one), as
+    written, nothing validated but the shape (:func:`load_config` validates).
+
+    Raises:
+        ValueError: if the file is not YAML holding a mapping (the message names the file).
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML: {err}") from err
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of config keys, got {type(raw).__name__}")
+    data = raw.get("preprocess", raw)
+    if data is None:  # an empty ``preprocess:`` section: the defaults
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: 'preprocess' must be a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def flatten_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """Flatten a nested mapping of config keys into ``{"locations.epsilon_m": 50, ...}``."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        _flatten_into(flat, str(key), value)
+    return flat
 
 
 def flatten(config: BaseModel, prefix: str = "") -> dict[str, Any]:

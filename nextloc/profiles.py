@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from nextloc.config import PreprocessConfig, flatten, load_config
+from nextloc.config import PreprocessConfig, flatten, flatten_keys, load_config, read_config_file
 from nextloc.inputs import InputSpec
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "configs" / "datasets"
@@ -100,10 +100,12 @@ class DatasetProfile(BaseModel):
         return models, train
 
     def config(self, overrides: dict[str, Any] | None = None, path: Path | None = None) -> PreprocessConfig:
-        """The profile's preprocessing config; ``path`` (a YAML config) and ``overrides`` apply on top."""
+        """The profile's preprocessing config; the keys ``path`` (a YAML config) sets, then ``overrides``,
+        apply on top (a key the file does not set keeps the profile's value, not the default)."""
         base = flatten(PreprocessConfig.model_validate(self.preprocess))
         if path is not None:
-            base = flatten(load_config(path))
+            load_config(path)  # the file alone is a valid config: its errors as without a profile
+            base.update(flatten_keys(read_config_file(path)))
         return load_config(None, {**base, **(overrides or {})})
 
 

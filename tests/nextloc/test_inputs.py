@@ -326,6 +326,22 @@ class TestProfiles:
         assert (cfg.split.train, cfg.locations.min_samples, diy.input.format) == (0.8, 3, "visits")
         assert diy.data_dir == "data/diy"
 
+    def test_a_config_file_applies_on_top_of_the_profile(self, tmp_path):
+        """Keys the file sets win over the profile's; the ones it does not set keep the profile's values (not
+        the defaults); --set style overrides win over both; a bad key in the file fails as without a profile."""
+        from nextloc.profiles import load_profile
+
+        diy = load_profile("diy")
+        path = tmp_path / "mine.yaml"
+        path.write_text("preprocess:\n  locations:\n    epsilon_m: 40\n  samples:\n    previous_days: 5\n")
+        cfg = diy.config(path=path)
+        assert (cfg.locations.epsilon_m, cfg.samples.previous_days) == (40.0, 5)
+        assert (cfg.quality.min_thres, cfg.quality.mean_thres, cfg.split.train) == (0.6, 0.7, 0.8)  # diy's
+        assert diy.config({"locations.epsilon_m": 30}, path).locations.epsilon_m == 30.0
+        path.write_text("locations:\n  epsilon: 5\n")
+        with pytest.raises(ValueError, match="epsilon"):
+            diy.config(path=path)
+
     def test_unknown_profile_and_bad_key(self, tmp_path):
         from nextloc.profiles import load_profile
 
