@@ -196,20 +196,17 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def flatten_keys(data: dict[str, Any]) -> dict[str, Any]:
+def flatten_keys(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Flatten a nested mapping of config keys into ``{"locations.epsilon_m": 50, ...}``."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        _flatten_into(flat, str(key), value)
+        _flatten_into(flat, f"{prefix}{key}", value)
     return flat
 
 
 def flatten(config: BaseModel, prefix: str = "") -> dict[str, Any]:
     """Flatten a nested config into ``{"locations.epsilon_m": 20.0, ...}``."""
-    flat: dict[str, Any] = {}
-    for key, value in config.model_dump(mode="json").items():
-        _flatten_into(flat, f"{prefix}{key}", value)
-    return flat
+    return flatten_keys(config.model_dump(mode="json"), prefix)
 
 
 def _flatten_into(flat: dict[str, Any], key: str, value: Any) -> None:

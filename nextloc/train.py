@@ -48,8 +48,8 @@ points of the reference recipe's (the issue's rule; validation Acc@1 / MRR / pla
 * pointer_plus: 44.45 / 53.68 (place MRR, its monitor, 53.66), loss 4.124, against its F.dropout draws
   44.35 / 53.63 (53.62), 4.116: kept (the loss is 0.008 higher, a third of its seeds' spread).
 * lstm (with the unpacked LSTM, :mod:`nextloc.models.lstm`): 34.24 / 46.36, loss 4.492, against the
-  reference's 34.52 / 46.52, 4.481: kept (Acc@1 0.29 lower). Run in length chunks (the LSTM's CPU default
-  since, ``length_chunks``; its inter-layer masks are drawn per chunk): 34.28 / 46.33, loss 4.483: kept.
+  reference's 34.52 / 46.52, 4.481: kept (Acc@1 0.29 lower). Then run in length chunks (``length_chunks``, now
+  the LSTM's CPU default; its inter-layer masks are drawn per chunk): 34.28 / 46.33, loss 4.483: kept.
 * mhsa (with its pools of 8): 37.25 / 48.10, loss 4.544, against 38.84 / 49.30, 4.596: Acc@1 1.6 points
   lower, so mhsa keeps F.dropout's draws (prefetched on a thread, the same bits).
 
