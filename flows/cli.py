@@ -167,7 +167,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "evaluate", help="evaluate a registered model (default: the champion) on a test split."
     )
     e.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    e.add_argument("--model", default="pointer_plus")
+    e.add_argument("--model", default="ranker")
     e.add_argument("--alias", default="champion", help="registry alias or version number")
     e.add_argument("--split", default="test", choices=["train", "val", "test"])
     _add_tracking_options(e)
@@ -188,7 +188,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "fixes (a .plt file or a folder of them, or CSV/parquet of tracked_at, latitude, longitude), or a "
         "samples parquet of the dataset. Times are ISO 8601; no zone means UTC.",
     )
-    q.add_argument("--model", default="pointer_plus")
+    q.add_argument("--model", default="ranker")
     q.add_argument("--alias", default="champion", help="registry alias or version number")
     q.add_argument("--history", required=True, help="a file or folder (see above), or JSON text")
     q.add_argument("-k", type=int, default=5, help="places per answer (default 5)")
@@ -296,8 +296,9 @@ def _check_raw_dir(raw_dir: str | None) -> None:
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
-        default="markov,mhsa,pointer_plus",
-        help="comma list of: mhsa, mhsa_diagonal (ablation), pointer (reference V45), pointer_plus (nextloc), pointer_plus_refit "
+        default="markov,mhsa,pointer_plus,ranker",
+        help="comma list of: ranker (LambdaRank over the user's routine: the best), routine (a rule over it), "
+        "mhsa, mhsa_diagonal (ablation), pointer (reference V45), pointer_plus (nextloc), pointer_plus_refit "
         "(refit on train + val, its own row), lstm, markov, most_frequent, last_location",
     )
     parser.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")

@@ -29,7 +29,7 @@ from tasks.promotion import (
 from tasks.runners import share_api_with_workers, training_runner
 from tasks.train import DataRef, TrackingConfig, check_overrides, train_model_task
 
-DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus"]
+DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus", "ranker"]
 
 
 @flow(

@@ -23,7 +23,7 @@ from torch import nn
 
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
 from nextloc.metrics import RESULT_KEYS, MetricAccumulator
-from nextloc.novelty import NewPlaceHead, novelty_features
+from nextloc.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
 from nextloc.sequences import UNSEEN
 
 ScoreFn = Callable[[Batch], torch.Tensor]
@@ -34,7 +34,7 @@ class SplitScores:
     """A split scored by a model: the metric accumulator and the new-place head's inputs, in split order."""
 
     accumulator: MetricAccumulator
-    features: np.ndarray  # (N, len(novelty.FEATURES))
+    features: np.ndarray  # (N, F): novelty.FEATURES, then the routine's explore features if given
 
     @property
     def is_new(self) -> np.ndarray:
@@ -73,8 +73,11 @@ def model_scores(model: nn.Module) -> ScoreFn:
     return score
 
 
-def score_split(score_fn: ScoreFn, data: SampleTensors, batch_size: int = 512) -> SplitScores:
-    """Score every sample of ``data`` in split order (under ``torch.no_grad``)."""
+def score_split(
+    score_fn: ScoreFn, data: SampleTensors, batch_size: int = 512, explore: np.ndarray | None = None
+) -> SplitScores:
+    """Score every sample of ``data`` in split order (under ``torch.no_grad``); ``explore`` ``(N, E)``, the
+    routine's explore features in split order, joins the new-place head's inputs."""
     accumulator = MetricAccumulator()
     features = []
     with torch.no_grad():
@@ -82,8 +85,9 @@ def score_split(score_fn: ScoreFn, data: SampleTensors, batch_size: int = 512) -
             scores = by_length(score_fn, batch)  # length-sorted pieces: the same rows, little padding
             accumulator.update(scores, batch.target, batch.index)
             features.append(novelty_features(scores, batch).cpu())
-    stacked = torch.cat(features).numpy() if features else np.zeros((0, 8), dtype=np.float32)
-    return SplitScores(accumulator, stacked.astype(np.float64))
+    stacked = torch.cat(features).numpy() if features else np.zeros((0, len(FEATURES)), dtype=np.float32)
+    stacked = stacked.astype(np.float64)
+    return SplitScores(accumulator, stacked if explore is None else np.column_stack([stacked, explore]))
 
 
 def evaluate(
@@ -93,6 +97,8 @@ def evaluate(
     test: SampleTensors,
     batch_size: int = 512,
     head: NewPlaceHead | None = None,
+    explore: tuple[np.ndarray, np.ndarray] | None = None,
+    head_val_scores: ScoreFn | None = None,
 ) -> Evaluation:
     """Validation and test metrics of a trained model, with its new-place head fit on validation.
 
@@ -104,16 +110,24 @@ def evaluate(
         batch_size: samples per scoring batch.
         head: an already fitted new-place head (default: fit one on ``val``'s scores of ``test_scores``'s
             model, i.e. the model whose scores it will read).
+        explore: the routine's explore features of val and test (split order): the head reads them too.
+        head_val_scores: the tested model's scores on ``val`` when ``test_scores`` cannot score ``val``
+            itself (a scorer bound to the test split); default: ``test_scores``.
 
     Returns:
         An :class:`Evaluation`. Validation metrics carry ``new_place_rate`` but no AUC/Brier (the head is fit
         there); test metrics carry all of :data:`nextloc.metrics.METRIC_KEYS`.
     """
-    val_split = score_split(val_scores, val, batch_size)
-    head_split = val_split if test_scores is val_scores else score_split(test_scores, val, batch_size)
+    val_explore, test_explore = explore if explore is not None else (None, None)
+    val_split = score_split(val_scores, val, batch_size, val_explore)
+    head_scores = head_val_scores or test_scores
+    head_split = (
+        val_split if head_scores is val_scores else score_split(head_scores, val, batch_size, val_explore)
+    )
     if head is None:
-        head = NewPlaceHead.fit(head_split.features, head_split.is_new)
-    test_split = score_split(test_scores, test, batch_size)
+        names = FEATURES if explore is None else ROUTINE_FEATURES
+        head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
+    test_split = score_split(test_scores, test, batch_size, test_explore)
     p_new = head.predict(test_split.features)
     return Evaluation(
         val=val_split.accumulator.compute(),

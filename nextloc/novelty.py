@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from nextloc.data import Batch
+from nextloc.routine import EXPLORE_FEATURES
 from nextloc.sequences import FIRST_PLACE, PAD, UNSEEN
 
 FEATURES = (
@@ -41,6 +42,10 @@ FEATURES = (
     "history_distinct_share",
     "history_log_length",
 )
+MAX_LOGIT = math.log((1 - 1e-3) / 1e-3)  # P(new place) stays within [1e-3, 1 - 1e-3]
+# the routine kinds' head also reads how much the user explores (nextloc.routine.EXPLORE_FEATURES)
+ROUTINE_FEATURES = (*FEATURES, *EXPLORE_FEATURES)
+FEATURE_SETS = (FEATURES, ROUTINE_FEATURES)
 
 
 def novelty_features(scores: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -107,21 +112,24 @@ class NewPlaceHead:
     rate_fit: float = float("nan")
 
     @classmethod
-    def fit(cls, features: np.ndarray, is_new: np.ndarray, c: float = 1.0) -> NewPlaceHead:
-        """Fit on ``features`` ``(N, F)`` against the outcome ``is_new`` ``(N,)`` (L2, ``C = c``, deterministic).
+    def fit(
+        cls, features: np.ndarray, is_new: np.ndarray, c: float = 1.0, names: tuple[str, ...] = FEATURES
+    ) -> NewPlaceHead:
+        """Fit on ``features`` ``(N, F)`` (columns ``names``, one of :data:`FEATURE_SETS`) against the
+        outcome ``is_new`` ``(N,)`` (L2, ``C = c``, deterministic).
 
         With a single outcome (no new place, or only new places) there is nothing to separate: the head
         returns the observed rate (clipped into ``[1e-3, 1 - 1e-3]``) for every sample.
         """
         x = np.asarray(features, dtype=np.float64)
         y = np.asarray(is_new, dtype=bool)
-        if x.ndim != 2 or x.shape[1] != len(FEATURES) or len(x) != len(y):
-            raise ValueError(f"features must be (N, {len(FEATURES)}) with one outcome per row, got {x.shape}")
+        if x.ndim != 2 or x.shape[1] != len(names) or len(x) != len(y):
+            raise ValueError(f"features must be (N, {len(names)}) with one outcome per row, got {x.shape}")
         if len(y) == 0:
             raise ValueError("no sample to fit the new-place head on")
         rate = float(y.mean())
         if y.all() or not y.any():
-            return cls.constant(rate, n_fit=len(y))
+            return cls.constant(rate, n_fit=len(y), names=names)
         mean = x.mean(axis=0)
         scale = x.std(axis=0)
         scale = np.where(scale > 1e-12, scale, 1.0)
@@ -129,7 +137,7 @@ class NewPlaceHead:
 
         model = LogisticRegression(C=c, max_iter=1000).fit((x - mean) / scale, y)
         return cls(
-            features=FEATURES,
+            features=tuple(names),
             mean=tuple(float(v) for v in mean),
             scale=tuple(float(v) for v in scale),
             coef=tuple(float(v) for v in model.coef_[0]),
@@ -139,12 +147,18 @@ class NewPlaceHead:
         )
 
     @classmethod
-    def constant(cls, rate: float, n_fit: int = 0) -> NewPlaceHead:
+    def constant(cls, rate: float, n_fit: int = 0, names: tuple[str, ...] = FEATURES) -> NewPlaceHead:
         """A head that answers ``rate`` for every sample (clipped into ``[1e-3, 1 - 1e-3]``)."""
         rate_c = min(max(rate, 1e-3), 1 - 1e-3)
-        zeros = tuple(0.0 for _ in FEATURES)
+        zeros = tuple(0.0 for _ in names)
         return cls(
-            FEATURES, zeros, tuple(1.0 for _ in FEATURES), zeros, math.log(rate_c / (1 - rate_c)), n_fit, rate
+            tuple(names),
+            zeros,
+            tuple(1.0 for _ in names),
+            zeros,
+            math.log(rate_c / (1 - rate_c)),
+            n_fit,
+            rate,
         )
 
     def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -155,7 +169,9 @@ class NewPlaceHead:
         if x.ndim != 2 or x.shape[1] != len(self.features):
             raise ValueError(f"features must be (N, {len(self.features)}), got {x.shape}")
         z = self.intercept + ((x - np.asarray(self.mean)) / np.asarray(self.scale)) @ np.asarray(self.coef)
-        return 1.0 / (1.0 + np.exp(-z))
+        # never certain: a question far outside what the head was fit on (a user whose only visits are new
+        # places, a head fit on a small validation split) is answered at most 1 - 1e-3 either way
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -MAX_LOGIT, MAX_LOGIT)))
 
     def to_dict(self) -> dict:
         """Plain JSON-able numbers."""
@@ -173,21 +189,22 @@ class NewPlaceHead:
     def from_dict(cls, data: dict) -> NewPlaceHead:
         """The inverse of :meth:`to_dict`; refuses a head built for other features."""
         features = tuple(data["features"])
-        if features != FEATURES:
-            raise ValueError(f"new-place head built for features {list(features)}, expected {list(FEATURES)}")
+        if features not in FEATURE_SETS:
+            expected = " or ".join(str(list(names)) for names in FEATURE_SETS)
+            raise ValueError(f"new-place head built for features {list(features)}, expected {expected}")
         return cls(
             features=features,
-            mean=_floats(data["mean"]),
-            scale=_floats(data["scale"]),
-            coef=_floats(data["coef"]),
+            mean=_floats(data["mean"], len(features)),
+            scale=_floats(data["scale"], len(features)),
+            coef=_floats(data["coef"], len(features)),
             intercept=float(data["intercept"]),
             n_fit=int(data.get("n_fit", 0)),
             rate_fit=float(data.get("rate_fit", float("nan"))),
         )
 
 
-def _floats(values: Sequence[float]) -> tuple[float, ...]:
+def _floats(values: Sequence[float], n: int) -> tuple[float, ...]:
     out = tuple(float(v) for v in values)
-    if len(out) != len(FEATURES):
-        raise ValueError(f"expected {len(FEATURES)} values, got {len(out)}")
+    if len(out) != n:
+        raise ValueError(f"expected {n} values, got {len(out)}")
     return out

@@ -81,10 +81,16 @@ class Histories:
         packed: ``(B, T, 6)`` int64, :data:`nextloc.serving.PACKED_FEATURES`, right-padded with 0.
         meta: one row per history (what the answer says about it: ``user_id``, ``known_user``, ``at``,
             ``visits_used``, ``new_place_visits``, ...), in the order of the input.
+        visits: every visit of the request before each question (not only the window), for the routine
+            kinds: ``history``, ``started_at``, ``finished_at``, ``place`` (encoded), ``raw_place``; None
+            for histories that were never visits (a samples table).
+        at: ``(B,)`` each question's time (UTC), with ``visits``.
     """
 
     packed: np.ndarray
     meta: pd.DataFrame
+    visits: pd.DataFrame | None = None
+    at: pd.Series | None = None
 
 
 # --------------------------------------------------------------------------- #
@@ -273,6 +279,16 @@ def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | 
     frame["location_id"] = merge_id[keep]
     merged = merge_staypoints(frame, cfg.locations.merge_max_gap_min)
     sp = add_time_features(merged, cfg.timezone)  # sorted by (history, start_day, start_min)
+    merge_ids = sp["location_id"].to_numpy(np.int64)
+    request = pd.DataFrame(
+        {
+            "history": sp["user_id"].to_numpy(np.int64),
+            "started_at": sp["started_at"].to_numpy(),
+            "finished_at": sp["finished_at"].to_numpy(),
+            "place": np.where(merge_ids >= FIRST_PLACE, merge_ids, UNSEEN),
+            "raw_place": merge_ids,
+        }
+    )
 
     # days before the prediction day, in the dataset's timezone, as the samples' diff_hist
     h = sp["user_id"].to_numpy(np.int64)
@@ -334,7 +350,7 @@ def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | 
         int(meta["new_place_visits"].sum()),
         int((~meta["known_user"]).sum()),
     )
-    return Histories(packed, meta)
+    return Histories(packed, meta, request, pd.Series(at_utc))
 
 
 def sample_histories(table: pa.Table) -> Histories:
@@ -391,6 +407,7 @@ def predict(
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    routine = _routine_answers(bundle, histories)
     n = len(histories.packed)
     ranked: list[np.ndarray] = []
     probabilities: list[np.ndarray] = []
@@ -406,10 +423,16 @@ def predict(
             chunk = histories.packed[start : start + batch_size]
             width = max(int((chunk[:, :, 0] != 0).sum(axis=1).max()), 1)
             packed = torch.from_numpy(np.ascontiguousarray(chunk[:, :width]))
-            probs = bundle.scorer(packed)  # (b, V)
+            if routine is None:
+                probs = bundle.scorer(packed)  # (b, V)
+            else:
+                probs = torch.from_numpy(routine[0][start : start + batch_size]).exp()
             if bundle.head is not None:
-                batch = packed_batch(packed, bundle.scorer.duration_cap_min)
-                p_new.append(bundle.head.predict(novelty_features(probs.clamp(min=1e-30).log(), batch)))
+                batch = packed_batch(packed, bundle.preprocess.samples.duration_cap_min)
+                features = novelty_features(probs.clamp(min=1e-30).log(), batch).numpy().astype(np.float64)
+                if routine is not None:
+                    features = np.column_stack([features, routine[1][start : start + batch_size]])
+                p_new.append(bundle.head.predict(features))
             places = probs[:, FIRST_PLACE:].numpy().astype(np.float64)
             places /= np.clip(places.sum(axis=1, keepdims=True), 1e-12, None)
             top = top_k(places, k)
@@ -417,6 +440,19 @@ def predict(
             probabilities.append(np.array([[p for _, p in row] for row in top]))
             bar.advance(task, len(chunk))
     return _answers(bundle, histories.meta, np.concatenate(ranked), np.concatenate(probabilities), p_new)
+
+
+def _routine_answers(bundle: ModelBundle, histories: Histories) -> tuple[np.ndarray, np.ndarray] | None:
+    """A routine kind's log-probabilities and explore features for every history (None: not a routine
+    kind, whose scorer reads the packed histories)."""
+    if bundle.routine is None:
+        return None
+    if histories.visits is None:
+        raise ValueError(
+            f"the {bundle.kind} model answers from visits or positionfixes (it reads the user's whole past), "
+            "not from a samples table or packed histories"
+        )
+    return bundle.routine.answer(histories.visits, histories.packed[:, 0, 5], histories.at)
 
 
 def predict_visits(

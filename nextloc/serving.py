@@ -31,12 +31,16 @@ from nextloc.config import PreprocessConfig, SampleConfig
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch
 from nextloc.models import OUTPUT_IS_LOG_PROB, SeedEnsemble, model_config, model_from_config
 from nextloc.novelty import NewPlaceHead
+from nextloc.ranking import ROUTINE_KINDS, CandidateScorer, RoutineAnswerer, scorer_from_state
+from nextloc.routine import place_centres
 from nextloc.storage import write_json, write_parquet, write_with
 
 PACKED_FEATURES = ("location", "start_min", "weekday", "duration_min", "diff_days", "user")
 BUNDLE_FORMAT = 1
 BUNDLE_FILE = "bundle.json"
 WEIGHTS_FILE = "weights.safetensors"
+RANKER_FILE = "ranker.txt"  # a routine ranker's trees, LightGBM's own text format
+PROFILE_FILE = "profile.parquet"  # a routine kind's users' profile: counts per key (nextloc.routine)
 VOCABULARY_DIR = "vocabulary"
 BUNDLE_ARTIFACT = "bundle"  # the bundle's name among a registered model's artifacts
 DEFAULT_MATCH_RADIUS_M = 50.0
@@ -141,20 +145,25 @@ class ModelBundle:
             ``n_staypoints``), or None.
         users: the user vocabulary (``user_index``, ``user_id``, ...), or None.
         match_radius_m: a visit within this many metres of a location's centre is that location.
+        routine: a routine kind's model and profile (then ``scorer`` is None: it answers visits, not
+            packed histories).
     """
 
     kind: str
-    scorer: PackedScorer
+    scorer: PackedScorer | None
     preprocess: PreprocessConfig
     head: NewPlaceHead | None
     locations: pd.DataFrame | None
     users: pd.DataFrame | None
     match_radius_m: float = DEFAULT_MATCH_RADIUS_M
+    routine: RoutineAnswerer | None = None
 
     @property
     def max_history(self) -> int | None:
         """The longest history the model accepts (a pointer model's ``max_seq_len``; the shortest over an
         ensemble's members), None if unbounded."""
+        if self.scorer is None:
+            return None
         model = self.scorer.model
         members = model.members if isinstance(model, SeedEnsemble) else [model]
         limits = [getattr(getattr(m, "config", None), "max_seq_len", None) for m in members]
@@ -165,31 +174,36 @@ class ModelBundle:
 def save_bundle(
     folder: Path,
     kind: str,
-    model: nn.Module,
+    model: nn.Module | CandidateScorer,
     preprocess: PreprocessConfig,
     head: NewPlaceHead | None = None,
     locations: pd.DataFrame | None = None,
     users: pd.DataFrame | None = None,
     match_radius_m: float = DEFAULT_MATCH_RADIUS_M,
+    profile: pd.DataFrame | None = None,
 ) -> Path:
     """Write a model bundle (see the module docstring) into ``folder``; every file is written atomically.
 
     Args:
         folder: the bundle folder (created).
         kind: the model kind.
-        model: a neural model (with a ``config`` dataclass) or a :class:`~nextloc.baselines.BaselineModule`.
+        model: a neural model (with a ``config`` dataclass), a :class:`~nextloc.baselines.BaselineModule`
+            or a routine kind's scorer (:mod:`nextloc.ranking`).
         preprocess: the dataset's preprocessing config.
         head: the model's new-place head.
         locations: the dataset's location vocabulary.
         users: the dataset's user vocabulary.
         match_radius_m: the radius used to map a visit to a known location.
+        profile: a routine kind's users' profile (:meth:`nextloc.routine.Routine.profile`).
 
     Returns:
         ``folder``.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if isinstance(model, BaselineModule):
+    if kind in ROUTINE_KINDS:
+        spec = _save_routine(folder, kind, model, profile, locations)
+    elif isinstance(model, BaselineModule):
         params, arrays = model.baseline.state()
         spec: dict[str, Any] = {"family": "baseline", "params": params, "log_prob_output": False}
         write_with(lambda tmp: safetensors.numpy.save_file(arrays, str(tmp)), folder / WEIGHTS_FILE)
@@ -218,6 +232,38 @@ def save_bundle(
     return folder
 
 
+def _save_routine(folder: Path, kind: str, model, profile: pd.DataFrame | None, locations) -> dict[str, Any]:
+    if profile is None or locations is None:
+        raise ValueError(f"a {kind!r} bundle needs the users' profile and the location vocabulary")
+    state = dict(model.state())
+    trees = state.pop("model", None)
+    if trees is not None:
+        write_with(lambda tmp: Path(tmp).write_text(trees), folder / RANKER_FILE)
+    write_parquet(profile, folder / PROFILE_FILE)
+    return {"family": "routine", "state": state, "log_prob_output": True}
+
+
+def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, locations) -> RoutineAnswerer:
+    if kind not in ROUTINE_KINDS:
+        raise ValueError(f"{folder / BUNDLE_FILE}: field 'kind' {kind!r} is not a routine kind")
+    if locations is None:
+        raise ValueError(f"{folder}: a {kind!r} bundle needs {VOCABULARY_DIR}/locations.parquet")
+    state = dict(spec["state"])
+    if (folder / RANKER_FILE).is_file():
+        state["model"] = (folder / RANKER_FILE).read_text()
+    num_places = int(locations["loc_index"].max()) + 1
+    popularity = np.zeros(num_places)
+    popularity[locations["loc_index"].to_numpy(np.int64)] = locations["n_train_visits"].to_numpy(np.float64)
+    return RoutineAnswerer(
+        model=scorer_from_state(kind, state),
+        profile=pd.read_parquet(folder / PROFILE_FILE),
+        num_places=num_places,
+        centres=place_centres(locations, num_places),
+        popularity=popularity,
+        timezone=preprocess.timezone,
+    )
+
+
 def load_bundle(folder: Path) -> ModelBundle:
     """Read a bundle written by :func:`save_bundle` (plain JSON, safetensors and parquet; nothing executed).
 
@@ -236,6 +282,24 @@ def load_bundle(folder: Path) -> ModelBundle:
     preprocess = PreprocessConfig.model_validate(spec["preprocess"])
     model_spec = spec["model"]
     weights = folder / WEIGHTS_FILE
+    vocab = {
+        name: pd.read_parquet(folder / VOCABULARY_DIR / f"{name}.parquet")
+        if (folder / VOCABULARY_DIR / f"{name}.parquet").is_file()
+        else None
+        for name in ("locations", "users")
+    }
+    head = spec.get("new_place_head")
+    common = {
+        "kind": kind,
+        "preprocess": preprocess,
+        "head": NewPlaceHead.from_dict(head) if head is not None else None,
+        "locations": vocab["locations"],
+        "users": vocab["users"],
+        "match_radius_m": float(spec.get("match_radius_m", DEFAULT_MATCH_RADIUS_M)),
+    }
+    if model_spec["family"] == "routine":
+        routine = _load_routine(folder, kind, model_spec, preprocess, vocab["locations"])
+        return ModelBundle(scorer=None, routine=routine, **common)
     if model_spec["family"] == "baseline":
         if kind not in BASELINES:
             raise ValueError(f"{spec_path}: field 'kind' {kind!r} is not a baseline ({sorted(BASELINES)})")
@@ -249,21 +313,5 @@ def load_bundle(folder: Path) -> ModelBundle:
                 f"{weights}: weights do not fit a {kind!r} model (missing {missing}, unexpected {unexpected})"
             )
     model.eval()
-    head = spec.get("new_place_head")
-    vocab = {
-        name: pd.read_parquet(folder / VOCABULARY_DIR / f"{name}.parquet")
-        if (folder / VOCABULARY_DIR / f"{name}.parquet").is_file()
-        else None
-        for name in ("locations", "users")
-    }
-    return ModelBundle(
-        kind=kind,
-        scorer=PackedScorer(
-            model, bool(model_spec["log_prob_output"]), preprocess.samples.duration_cap_min
-        ).eval(),
-        preprocess=preprocess,
-        head=NewPlaceHead.from_dict(head) if head is not None else None,
-        locations=vocab["locations"],
-        users=vocab["users"],
-        match_radius_m=float(spec.get("match_radius_m", DEFAULT_MATCH_RADIUS_M)),
-    )
+    scorer = PackedScorer(model, bool(model_spec["log_prob_output"]), preprocess.samples.duration_cap_min)
+    return ModelBundle(scorer=scorer.eval(), **common)

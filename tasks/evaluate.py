@@ -9,16 +9,19 @@ from typing import Any
 
 import mlflow
 import numpy as np
+import pandas as pd
 import torch
 
 from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
-from nextloc.evaluate import pack_batch, score_split, summarise
+from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise
 from nextloc.metrics import RESULT_KEYS
 from nextloc.novelty import NewPlaceHead
 from nextloc.predict import parse_time, predict, read_history, to_histories
+from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
 from tasks import tracking
+from tasks.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +52,23 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     )
 
 
-def load_scorer(kind: str, alias: str, tracking_uri: str | None, experiment: str) -> torch.nn.Module:
-    """The registered model as a :class:`~nextloc.serving.PackedScorer` (packed histories -> probabilities)."""
-    return load_registered(kind, alias, tracking_uri, experiment).scorer
+def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[ScoreFn, np.ndarray | None]:
+    """A registered model's log-probabilities for the samples of one split of a dataset in the model's ids,
+    and (routine kinds) their explore features. A routine kind reads the dataset's staypoints: every
+    question's whole past."""
+    if bundle.routine is None:
+        return lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), None
+    catalog = Catalog(str(data_dir))
+    samples = SampleTensors.from_parquet(catalog.samples(split))
+    data = RoutineData.build(
+        pd.read_parquet(catalog.staypoints),
+        pd.read_parquet(catalog.vocabulary("locations")),
+        {split: samples},
+        bundle.routine.num_places,
+        bundle.preprocess.timezone,
+    )
+    answers = torch.from_numpy(data.log_probabilities(bundle.routine.model, split))
+    return lambda batch: answers[batch.index], data.candidates[split].explore
 
 
 def evaluate_registered(
@@ -63,7 +80,8 @@ def evaluate_registered(
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
     # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
     # softmax their input; softmaxing probabilities themselves would flatten them)
-    scored = score_split(lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), data)
+    scores, explore = registered_scores(bundle, Path(data_dir), split)
+    scored = score_split(scores, data, explore=explore)
     p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
     return {"model": model_uri(kind, alias), "split": split, **scored.accumulator.compute(p_new)}
 

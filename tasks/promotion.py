@@ -32,7 +32,7 @@ from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
 from tasks.caching import CACHE_POLICY, call_cached
 from tasks.catalog import Catalog
-from tasks.evaluate import load_scorer
+from tasks.evaluate import load_registered, registered_scores
 from tasks.tracking import mlflow_name, selected_name
 from tasks.train import DataRef, TrackingConfig
 
@@ -193,9 +193,16 @@ def score_champion(
             **{f"translation.{k}": round(v, 2) for k, v in stats.items()},
         }
         groups_by_user = user_data_groups(users_now, users_then)
-    scorer = load_scorer(kind, version, tracking_cfg.tracking_uri, tracking_cfg.experiment)
+    bundle = load_registered(kind, version, tracking_cfg.tracking_uri, tracking_cfg.experiment)
     samples = SampleTensors(table)
-    per_sample = score_split(lambda batch: scorer(pack_batch(batch)), samples).accumulator.per_sample()
+    if bundle.routine is not None:
+        if run.data.tags.get("data_fingerprint") != data.fingerprint:
+            why = "a routine kind reads the whole past in its own place ids, which another dataset does not have"
+            return {"outcomes": None, "groups": None, "how": how, "why": why}
+        scores, _ = registered_scores(bundle, Path(data.data_dir), "test")
+    else:
+        scores = lambda batch: bundle.scorer(pack_batch(batch))  # noqa: E731
+    per_sample = score_split(scores, samples).accumulator.per_sample()
     groups = np.array([groups_by_user.get(int(u), "new_user") for u in samples.user_id_np], dtype=object)
     return {"outcomes": per_sample[metric].to_numpy(), "groups": groups[per_sample["index"]], "how": how}
 

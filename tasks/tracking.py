@@ -268,6 +268,13 @@ def child_run_name(kind: str, seed: int) -> str:
 VERSION_SCORES = (HEADLINE, "place_mrr", "acc@1", "mrr")
 
 
+PROFILE_NOTICE = (
+    ". Personal data: this version carries each training user's routine profile (profile.parquet in its "
+    "bundle): visit counts per place, time-of-day slot, kind of day and move between places, and the time of "
+    "the last visit per place; no list of visits. Delete the version to delete the profiles."
+)
+
+
 def describe_version(
     kind: str, version: str, seed: int, data_fingerprint: str, results: dict[str, Any]
 ) -> None:
@@ -289,9 +296,10 @@ def describe_version(
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
     scores = ", ".join(f"{key} {results[key]:.2f}" for key in VERSION_SCORES if key in results)
-    client.update_model_version(
-        name, version, description=f"{kind} seed {seed}, data {data_fingerprint[:12]}: test {scores} (%)"
-    )
+    description = f"{kind} seed {seed}, data {data_fingerprint[:12]}: test {scores} (%)"
+    if results.get("holds_profile"):
+        description += PROFILE_NOTICE
+    client.update_model_version(name, version, description=description)
 
 
 @contextlib.contextmanager

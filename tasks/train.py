@@ -23,6 +23,7 @@ from nextloc.evaluate import Evaluation, evaluate, model_scores
 from nextloc.metrics import RESULT_KEYS
 from nextloc.models import ENSEMBLES, OUTPUT_IS_LOG_PROB, build_model, count_parameters
 from nextloc.predict import example_visits
+from nextloc.ranking import ROUTINE_KINDS, RoutineData
 from nextloc.sequences import SPLITS
 from nextloc.serving import save_bundle
 from nextloc.storage import write_json, write_parquet, write_with
@@ -42,7 +43,7 @@ NEURAL = (
     "pointer_plus_ensemble",
     "lstm",
 )
-MODEL_KINDS = (*NEURAL, *BASELINES)
+MODEL_KINDS = (*NEURAL, *BASELINES, *ROUTINE_KINDS)
 ModelKind = Literal[MODEL_KINDS]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
 
 
@@ -148,18 +149,15 @@ def train_model_task(
                 dev,
                 run_dir / "checkpoints",
             )
+        elif kind in ROUTINE_KINDS:
+            result = _fit_routine(kind, seed, splits, vocab, meta, catalog)
         else:
             result = _fit_baseline(kind, splits, vocab)
         mlflow.log_params({"model": kind, "seed": seed, "device": str(dev), **result["params"]})
         for step, record in enumerate(result["history"], start=1):
             mlflow.log_metrics({mlflow_name(k): v for k, v in record.items()}, step=step)
         # the model chosen on validation gives the validation metrics; the tested one may be a refit on train + val
-        evaluation = evaluate(
-            model_scores(result["selection_model"] or result["model"]),
-            model_scores(result["model"]),
-            splits["val"],
-            splits["test"],
-        )
+        evaluation = evaluate(val=splits["val"], test=splits["test"], **_scoring(result))
         mlflow.log_metrics({mlflow_name(k): v for k, v in _flat_metrics(result, evaluation).items()})
         results_json = {
             **{k: evaluation.test[k] for k in RESULT_KEYS},
@@ -181,8 +179,11 @@ def train_model_task(
         for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
             if catalog.vocabulary(vocab).is_file():
                 tracking.log_file_artifact(run.info.run_id, catalog.vocabulary(vocab), "vocabulary")
-        model_uri, version = _log_bundle(kind, result["model"], meta, evaluation, catalog)
-        results_json.update({"model_uri": model_uri, "registered_version": version})
+        profile = result["routine_data"].routine.profile() if "routine_data" in result else None
+        model_uri, version = _log_bundle(kind, result["model"], meta, evaluation, catalog, profile)
+        results_json.update(
+            {"model_uri": model_uri, "registered_version": version, "holds_profile": profile is not None}
+        )
         tracking.describe_version(kind, version, seed, data.fingerprint, results_json)
         write_json(results_json, run_dir / "results.json")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
@@ -260,9 +261,9 @@ def _train_neural(
     }
 
 
-def _log_bundle(kind: str, model: torch.nn.Module, meta: dict, evaluation: Evaluation, catalog: Catalog):
-    """Register the model as a bundle (weights, config, vocabulary, new-place head; nothing pickled) with a
-    pyfunc that answers visits; returns ``(model_uri, version)``."""
+def _log_bundle(kind: str, model, meta: dict, evaluation: Evaluation, catalog: Catalog, profile=None):
+    """Register the model as a bundle (weights, config, vocabulary, new-place head, a routine kind's users'
+    profile; nothing pickled) with a pyfunc that answers visits; returns ``(model_uri, version)``."""
     vocab = {
         name: pd.read_parquet(catalog.vocabulary(name)) if catalog.vocabulary(name).is_file() else None
         for name in ("locations", "users")
@@ -279,8 +280,58 @@ def _log_bundle(kind: str, model: torch.nn.Module, meta: dict, evaluation: Evalu
             head=evaluation.head,
             locations=vocab["locations"],
             users=vocab["users"],
+            profile=profile,
         )
         return tracking.log_model(bundle, example, kind, _requirements())
+
+
+def _scoring(result: dict[str, Any]) -> dict[str, Any]:
+    """:func:`nextloc.evaluate.evaluate`'s scorers for a fitted model: its own, or (routine kinds) the
+    answers computed for every question of the split beforehand."""
+    if "scoring" in result:
+        return result["scoring"]
+    return {
+        "val_scores": model_scores(result["selection_model"] or result["model"]),
+        "test_scores": model_scores(result["model"]),
+    }
+
+
+def _fit_routine(kind, seed, splits, vocab, meta, catalog: Catalog) -> dict[str, Any]:
+    """Fit a routine kind (:mod:`nextloc.ranking`) on the dataset's staypoints and each split's questions."""
+    data = RoutineData.build(
+        pd.read_parquet(catalog.staypoints),
+        pd.read_parquet(catalog.vocabulary("locations")),
+        splits,
+        vocab["total_loc_num"],
+        PreprocessConfig.model_validate(meta["config"]).timezone,
+    )
+    model = data.fit(kind, seed)
+
+    def rows_of(split: str):
+        answers = torch.from_numpy(data.log_probabilities(model, split))
+        return lambda batch: answers[batch.index.cpu()].to(batch.loc.device)
+
+    val_scores, test_scores = rows_of("val"), rows_of("test")
+    params = {f"{kind}.weight.{k}": v for k, v in model.state().get("weights", {}).items()}
+    if kind == "ranker":
+        params.update({"ranker.seed": seed, "ranker.trees": model.best_iteration})
+    return {
+        "model": model,
+        "routine_data": data,
+        "selection_model": None,
+        "history": [],
+        "selected_epoch": None,
+        "params": params,
+        "n_params": 0,
+        "timing": {},
+        "log_prob": True,
+        "scoring": {
+            "val_scores": val_scores,
+            "test_scores": test_scores,
+            "head_val_scores": val_scores,
+            "explore": (data.candidates["val"].explore, data.candidates["test"].explore),
+        },
+    }
 
 
 def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
@@ -354,5 +405,6 @@ def _requirements() -> list[str]:
         f"numpy=={version('numpy')}",
         f"pandas=={version('pandas')}",
         f"safetensors=={version('safetensors')}",
+        f"lightgbm=={version('lightgbm')}",
         f"nextloc=={version('nextloc')}",
     ]

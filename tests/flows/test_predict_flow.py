@@ -38,7 +38,7 @@ def store(sample_dir, tmp_path_factory):
     uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
     train(
         data_dir=str(data_dir),
-        models=["markov", "pointer_plus"],
+        models=["markov", "pointer_plus", "ranker"],
         seeds=[0],
         train_overrides={"pointer_plus": SHORT},
         tracking_uri=uri,
@@ -96,7 +96,7 @@ def test_registered_models_are_code_and_plain_weights(store, tmp_path):
 
     _, uri = store
     tracking.configure(uri, "test")
-    for kind in ("markov", "pointer_plus"):
+    for kind in ("markov", "pointer_plus", "ranker"):
         local = Path(
             mlflow.artifacts.download_artifacts(
                 artifact_uri=f"models:/nextloc-{kind}@champion", dst_path=str(tmp_path / kind)
@@ -106,7 +106,8 @@ def test_registered_models_are_code_and_plain_weights(store, tmp_path):
         assert set(spec["flavors"]) == {"python_function"}
         assert spec["flavors"]["python_function"]["loader_module"] == "mlflow.pyfunc.loaders.code_model"
         names = {p.name for p in local.rglob("*") if p.is_file()}
-        assert {"pyfunc_model.py", "bundle.json", "weights.safetensors", "locations.parquet"} <= names
+        weights = {"ranker.txt", "profile.parquet"} if kind == "ranker" else {"weights.safetensors"}
+        assert {"pyfunc_model.py", "bundle.json", "locations.parquet", *weights} <= names
         assert not [n for n in names if n.endswith((".pkl", ".pickle", ".pt", ".pth", ".cloudpickle"))]
         inputs = json.loads(spec["signature"]["inputs"])
         assert [(c["name"], c["type"]) for c in inputs if c["required"]] == [
@@ -118,14 +119,15 @@ def test_registered_models_are_code_and_plain_weights(store, tmp_path):
         ]
 
 
-def test_registered_baseline_scores_as_when_trained(store):
+@pytest.mark.parametrize("kind", ["markov", "ranker"])
+def test_registered_model_scores_as_when_trained(store, kind):
     """The champion loaded back from its bundle (the champion rule and `nextloc evaluate` load it this way)
     scores the test split exactly as the trained model did, its new-place head included."""
     from tasks.evaluate import evaluate_registered
 
     data_dir, uri = store
-    results = json.loads((data_dir / "results" / "markov" / "seed0" / "results.json").read_text())
-    metrics = evaluate_registered("markov", "champion", data_dir, "test", uri, "test")
+    results = json.loads((data_dir / "results" / kind / "seed0" / "results.json").read_text())
+    metrics = evaluate_registered(kind, "champion", data_dir, "test", uri, "test")
     for key in ("place_acc@1", "place_mrr", "acc@1", "mrr"):
         assert metrics[key] == pytest.approx(results[key], abs=1e-9), key
     for key in ("new_place_auc", "new_place_brier"):  # float32 probabilities read back as log-probabilities
@@ -237,16 +239,16 @@ def served(model_uri: str, tracking_uri: str, log: Path):
             proc.wait(timeout=10)
 
 
-def test_served_model_answers_as_the_cli(store, two_histories, tmp_path):
-    """`mlflow models serve` on the champion answers the two histories exactly as `nextloc predict` does;
-    the unknown user and the place never seen are said so; bad input is a 400 naming the row and field."""
+@pytest.mark.parametrize("kind", ["pointer_plus", "ranker"])
+def test_served_model_answers_as_the_cli(store, two_histories, tmp_path, kind):
+    """`mlflow models serve` on the champion answers the two histories exactly as `nextloc predict` does
+    (the ranker from its stored profile plus the request); the unknown user and the place never seen are
+    said so; bad input is a 400 naming the row and field."""
     _, uri = store
     cli = json.loads(
-        nextloc(
-            "predict", "--model", "pointer_plus", "--history", str(two_histories), "-k", "3", uri=uri
-        ).stdout
+        nextloc("predict", "--model", kind, "--history", str(two_histories), "-k", "3", uri=uri).stdout
     )
-    with served("models:/nextloc-pointer_plus@champion", uri, tmp_path / "serve.log") as url:
+    with served(f"models:/nextloc-{kind}@champion", uri, tmp_path / "serve.log") as url:
         status, body = _post(f"{url}/invocations", two_histories.read_bytes())
         bad = json.loads(two_histories.read_text())
         bad["dataframe_records"][1]["started_at"] = "yesterday"
@@ -262,3 +264,37 @@ def test_served_model_answers_as_the_cli(store, two_histories, tmp_path):
         assert all(p["location_id"] >= 2 and "latitude" in p for p in answer["places"])
     assert bad_status == 400
     assert "request row 2: field 'started_at' is not a time: 'yesterday'" in bad_body["message"]
+
+
+def test_a_known_user_is_answered_from_their_stored_profile(store, tmp_path):
+    """The ranker's bundle holds each training user's routine as counts: the same last visit answered as
+    user 73 names places of 73's past that the request never mentions; as a user the model never saw, it
+    can only name the request's own place first. The registered version says it holds personal data."""
+    import mlflow
+
+    from tasks import tracking
+
+    data_dir, uri = store
+    sp = pd.read_parquet(data_dir / "staypoints.parquet")
+    centres = pd.read_parquet(data_dir / "vocabulary" / "locations.parquet").set_index("loc_index")
+    last = sp[(sp["user_id"] == 73) & (sp["location_id"] >= 2)].sort_values("started_at").iloc[-1]
+    visit = {
+        "started_at": last.started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "finished_at": last.finished_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "latitude": float(centres.loc[last.location_id, "latitude"]),
+        "longitude": float(centres.loc[last.location_id, "longitude"]),
+    }
+    request = tmp_path / "one_visit.json"
+    request.write_text(json.dumps([{"user_id": 73, **visit}, {"user_id": 7777, **visit}]))
+    known, unknown = json.loads(
+        nextloc("predict", "--model", "ranker", "--history", str(request), "-k", "3", uri=uri).stdout
+    )
+    mine = set(sp.loc[(sp["user_id"] == 73) & (sp["location_id"] >= 2), "location_id"].tolist())
+    named = [p["location_id"] for p in known["places"]]
+    assert set(named) <= mine
+    assert set(named) - {int(last.location_id)}
+    assert unknown["places"][0]["location_id"] == int(last.location_id)
+    tracking.configure(uri, "test")
+    version = mlflow.MlflowClient().get_model_version_by_alias("nextloc-ranker", "champion")
+    assert "Personal data" in version.description
+    assert "no list of visits" in version.description
