@@ -1,0 +1,97 @@
+"""Accuracy of every kind trained on a data folder, by kind of target, against the reference pointer.
+
+Reads ``<data_dir>/results/<kind>/seed<k>/`` (``results.json`` and ``test_per_sample.parquet``, as the
+train flow writes them) and prints one JSON document: per kind, the mean, standard deviation and count
+over seeds of the place metrics, the new-place AUC and Brier score and the reference metrics, and place
+Acc@1 by what the test target is:
+
+* ``window``: a known place in the sample's 7-day history;
+* ``past``: a known place the user visited before, but not in the window (only the routine reaches it);
+* ``unvisited``: a known place the user never visited before;
+* ``new``: a place outside the train vocabulary (always a miss for a place model).
+
+``ratio_to_reference`` is each kind's mean place Acc@1 over the reference pointer's (kind ``pointer``,
+Pointer V45) when it was trained on the same folder. Nothing is chosen here: it reports test once.
+
+    python benchmarks/accuracy.py --data-dir data/geolife > accuracy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nextloc.config import PreprocessConfig
+from nextloc.evaluate import summarise
+from nextloc.metrics import RESULT_KEYS
+from nextloc.routine import Routine, VisitLog, queries_for_targets
+
+GROUPS = ("window", "past", "unvisited", "new")
+
+
+def target_groups(data_dir: Path) -> np.ndarray:
+    """The group (:data:`GROUPS`) of every test sample, in split order."""
+    test = pd.read_parquet(data_dir / "samples" / "test.parquet")
+    meta = json.loads((data_dir / "metadata.json").read_text())
+    timezone = PreprocessConfig.model_validate(meta["config"]).timezone
+    log = VisitLog.from_staypoints(pd.read_parquet(data_dir / "staypoints.parquet"), timezone)
+    queries = queries_for_targets(log, test["staypoint_id"].to_numpy())
+    query, place = Routine(log, meta["total_loc_num"]).candidates(queries)
+    target = test["target_loc"].to_numpy()
+    in_past = np.zeros(len(test), dtype=bool)
+    in_past[query[place == target[query]]] = True
+    in_window = np.array([t in set(h) for t, h in zip(target, test["loc_hist"], strict=True)])
+    groups = np.where(in_past, "past", "unvisited").astype(object)
+    groups[in_window & (target >= 2)] = "window"
+    groups[target < 2] = "new"
+    return groups
+
+
+def kind_report(folder: Path, groups: np.ndarray) -> dict:
+    """Mean +- std over the seeds of one kind's folder."""
+    seeds = sorted(folder.glob("seed*/results.json"))
+    results = [json.loads(path.read_text()) for path in seeds]
+    report = {
+        key: summarise([r.get(key) if r.get(key) is not None else np.nan for r in results])
+        for key in RESULT_KEYS
+    }
+    by_group: dict[str, list[float]] = {g: [] for g in GROUPS}
+    for path in seeds:
+        per_sample = pd.read_parquet(path.parent / "test_per_sample.parquet").sort_values("index")
+        hits = per_sample["place_acc@1"].to_numpy()
+        for group in GROUPS:
+            by_group[group].append(float(hits[groups == group].mean()))
+    report["place_acc@1_by_target"] = {g: summarise(v) for g, v in by_group.items()}
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", default="data/geolife")
+    args = parser.parse_args()
+    data_dir = Path(args.data_dir)
+    groups = target_groups(data_dir)
+    kinds = {
+        folder.name: kind_report(folder, groups)
+        for folder in sorted((data_dir / "results").iterdir())
+        if any(folder.glob("seed*/results.json"))
+    }
+    reference = kinds.get("pointer", {}).get("place_acc@1", {}).get("mean")
+    for report in kinds.values():
+        mean = report["place_acc@1"]["mean"]
+        report["ratio_to_reference"] = round(mean / reference, 4) if reference else None
+    shares = {g: round(float((groups == g).mean() * 100), 2) for g in GROUPS}
+    print(
+        json.dumps(
+            {"data_dir": str(data_dir), "n_test": len(groups), "targets_percent": shares, "kinds": kinds},
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
