@@ -12,11 +12,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
 from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise
 from nextloc.metrics import RESULT_KEYS
-from nextloc.novelty import NewPlaceHead
 from nextloc.predict import parse_time, predict, read_history, to_histories
 from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
@@ -36,8 +34,9 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     """A registered model as a :class:`~nextloc.serving.ModelBundle`, read as data: its JSON config,
     safetensors weights and parquet vocabulary (the logged code is not run).
 
-    A version logged before bundles existed (a pickled ``mlflow.pytorch`` model) is still read, with a
-    warning (unpickling runs code chosen by whoever logged it): no vocabulary, the head from its run.
+    Raises:
+        ValueError: the version holds no bundle (a pickled model logged by an early nextloc): reading it
+            would run code chosen by whoever logged it, so it is refused, with how to replace it.
     """
     tracking.configure(tracking_uri, experiment)
     uri = model_uri(kind, alias)
@@ -45,10 +44,11 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
         folder = tracking.download_bundle(uri, Path(tmp))
         if (folder / BUNDLE_FILE).is_file():
             return load_bundle(folder)
-    logger.warning("%s is a pickled model logged before bundles: loading it runs its author's code", uri)
-    scorer = mlflow.pytorch.load_model(uri, map_location="cpu").eval()
-    return ModelBundle(
-        kind, scorer, PreprocessConfig(), load_head(kind, alias, tracking_uri, experiment), None, None
+    raise ValueError(
+        f"{uri} holds no model bundle: it is a pickled model from an early nextloc, and loading it would run "
+        f"code chosen by whoever logged it, so nextloc does not. Register the kind again from its data "
+        f"(`nextloc train --model {kind}`, which registers a bundle and decides the champion) or move the "
+        f"alias to a version that has one"
     )
 
 
@@ -84,24 +84,6 @@ def evaluate_registered(
     scored = score_split(scores, data, explore=explore)
     p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
     return {"model": model_uri(kind, alias), "split": split, **scored.accumulator.compute(p_new)}
-
-
-def load_head(kind: str, alias: str, tracking_uri: str | None, experiment: str) -> NewPlaceHead | None:
-    """The new-place head logged with a registered model's run (None for runs logged before heads existed)."""
-    tracking.configure(tracking_uri, experiment)
-    client = tracking.MlflowClient()
-    name = tracking.registered_name(kind)
-    version = (
-        client.get_model_version(name, alias)
-        if alias.isdigit()
-        else client.get_model_version_by_alias(name, alias)
-    )
-    try:
-        return NewPlaceHead.from_dict(
-            mlflow.artifacts.load_dict(f"runs:/{version.run_id}/new_place_head.json")
-        )
-    except (mlflow.exceptions.MlflowException, OSError, KeyError, ValueError):
-        return None
 
 
 def predict_registered(

@@ -246,7 +246,7 @@ def log_model(
 
 def download_bundle(model_uri: str, dst: Path) -> Path:
     """Download a registered model and return its bundle folder, or its model folder for a model logged
-    before bundles existed (an ``mlflow.pytorch`` pickle; see :func:`tasks.evaluate.load_registered`)."""
+    without one (which :func:`tasks.evaluate.load_registered` refuses)."""
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
     spec = yaml.safe_load((local / "MLmodel").read_text())
     artifacts = spec.get("flavors", {}).get("python_function", {}).get("artifacts") or {}

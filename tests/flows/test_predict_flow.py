@@ -298,3 +298,27 @@ def test_a_known_user_is_answered_from_their_stored_profile(store, tmp_path):
     version = mlflow.MlflowClient().get_model_version_by_alias("nextloc-ranker", "champion")
     assert "Personal data" in version.description
     assert "no list of visits" in version.description
+
+
+def test_a_version_without_a_bundle_is_refused_not_unpickled(store, tmp_path):
+    """A registered version with no bundle (a pickled model from an early nextloc) is never loaded: the
+    error says how to replace it."""
+    import mlflow
+
+    from tasks import tracking
+    from tasks.evaluate import load_registered
+
+    _, uri = store
+    tracking.configure(uri, "test")
+    model = tmp_path / "not_a_bundle.py"
+    model.write_text(
+        "import mlflow\n"
+        "class Echo(mlflow.pyfunc.PythonModel):\n"
+        "    def predict(self, context, model_input, params=None):\n"
+        "        return model_input\n"
+        "mlflow.models.set_model(Echo())\n"
+    )
+    with mlflow.start_run():
+        mlflow.pyfunc.log_model(name="model", python_model=str(model), registered_model_name="nextloc-lstm")
+    with pytest.raises(ValueError, match=r"holds no model bundle.*nextloc train --model lstm"):
+        load_registered("lstm", "1", uri, "test")
