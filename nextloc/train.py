@@ -95,7 +95,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import numpy as np
 import torch
@@ -170,13 +170,15 @@ class TrainConfig:
     overlap_validation: bool = True
 
     def __post_init__(self) -> None:
-        if self.dropout_rng not in ("torch", "pcg64"):
-            raise ValueError(f"dropout_rng must be 'torch' or 'pcg64', got {self.dropout_rng!r}")
+        for name, hint in get_type_hints(type(self)).items():  # a misspelt choice fails here, before any work
+            allowed = get_args(hint) if get_origin(hint) is Literal else ()
+            if allowed and getattr(self, name) not in allowed:
+                raise ValueError(f"training option {name}={getattr(self, name)!r}: expected one of {list(allowed)}")
         if self.bucket_pool < 1:
             raise ValueError(f"bucket_pool must be >= 1 batch, got {self.bucket_pool}")
 
     @classmethod
-    def for_recipe(cls, recipe: str, **overrides: Any) -> TrainConfig:
+    def for_recipe(cls, recipe: str, /, **overrides: Any) -> TrainConfig:
         """The recipe of a model kind (``mhsa``/``lstm``, ``pointer``, ``pointer_plus[_refit]``) with overrides."""
         if recipe in ("mhsa", "mhsa_diagonal"):
             base = cls(recipe="mhsa", bucket=True, bucket_pool=8)

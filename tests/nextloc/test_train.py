@@ -20,6 +20,7 @@ from nextloc.train import (
     FitResult,
     TrainConfig,
     _pointer_lr,
+    check_kind_overrides,
     fit,
     fit_model,
     fit_seed_ensemble,
@@ -538,7 +539,9 @@ def test_recipes_dropout_draws_and_the_reference_draws_are_one_override_away(kin
     ours = TrainConfig.for_recipe(kind)
     assert ours.dropout_rng == draws
     assert TrainConfig.for_recipe(kind, dropout_rng="torch") == replace(ours, dropout_rng="torch")
-    with pytest.raises(ValueError, match="dropout_rng must be 'torch' or 'pcg64', got 'mt'"):
+    with pytest.raises(
+        ValueError, match="training option dropout_rng='mt': expected one of \\['torch', 'pcg64'\\]"
+    ):
         TrainConfig.for_recipe(kind, dropout_rng="mt")
 
 
@@ -588,3 +591,20 @@ def test_deterministic_mode_without_importing_inductor():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True", "False"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "allowed"),
+    [
+        ("monitor", "val_foo", "'val_loss', 'val_acc@1', 'val_mrr', 'val_place_acc@1', 'val_place_mrr'"),
+        ("recipe", "foo", "'mhsa', 'pointer'"),
+        ("dropout_rng", "numpy", "'torch', 'pcg64'"),
+    ],
+)
+def test_a_misspelt_training_choice_fails_before_any_work_naming_it(option, value, allowed) -> None:
+    """A training option with a fixed set of values is checked when the config is made (before the
+    flows start), not when training first reads it (an epoch later, or never)."""
+    with pytest.raises(
+        ValueError, match=rf"pointer_plus: training option {option}='{value}': expected one of \[{allowed}\]"
+    ):
+        check_kind_overrides("pointer_plus", {}, {option: value})
