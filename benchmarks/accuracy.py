@@ -85,12 +85,17 @@ def main() -> None:
         mean = report["place_acc@1"]["mean"]
         report["ratio_to_reference"] = round(mean / reference, 4) if reference else None
     shares = {g: round(float((groups == g).mean() * 100), 2) for g in GROUPS}
-    print(
-        json.dumps(
-            {"data_dir": str(data_dir), "n_test": len(groups), "targets_percent": shares, "kinds": kinds},
-            indent=1,
-        )
-    )
+    report = {"data_dir": str(data_dir), "n_test": len(groups), "targets_percent": shares, "kinds": kinds}
+    print(json.dumps(_strict(report), indent=1))
+
+
+def _strict(value):
+    """The report as strict JSON: NaN (a metric with no sample to average) becomes null."""
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, float) and value != value:
+        return None
+    return value
 
 
 if __name__ == "__main__":

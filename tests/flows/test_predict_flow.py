@@ -322,3 +322,26 @@ def test_a_version_without_a_bundle_is_refused_not_unpickled(store, tmp_path):
         mlflow.pyfunc.log_model(name="model", python_model=str(model), registered_model_name="nextloc-lstm")
     with pytest.raises(ValueError, match=r"holds no model bundle.*nextloc train --model lstm"):
         load_registered("lstm", "1", uri, "test")
+
+
+def test_the_accuracy_benchmark_splits_every_kind_by_kind_of_target(store):
+    """`benchmarks/accuracy.py` on a trained folder: every kind, and its place Acc@1 split by kind of target
+    adds up to the whole."""
+    data_dir, _ = store
+    out = subprocess.run(
+        [sys.executable, "benchmarks/accuracy.py", "--data-dir", str(data_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    report = json.loads(out.stdout)
+    assert {"markov", "pointer_plus", "ranker"} <= set(report["kinds"])
+    shares = report["targets_percent"]
+    assert sum(shares.values()) == pytest.approx(100, abs=0.05)
+    for kind, numbers in report["kinds"].items():
+        by_target = numbers["place_acc@1_by_target"]
+        whole = sum(shares[g] / 100 * by_target[g]["mean"] for g in shares if by_target[g]["n"])
+        assert whole == pytest.approx(numbers["place_acc@1"]["mean"], abs=0.05), kind
+        assert by_target["new"]["mean"] == 0  # a place model never names a new place
