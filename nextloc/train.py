@@ -173,7 +173,9 @@ class TrainConfig:
         for name, hint in get_type_hints(type(self)).items():  # a misspelt choice fails here, before any work
             allowed = get_args(hint) if get_origin(hint) is Literal else ()
             if allowed and getattr(self, name) not in allowed:
-                raise ValueError(f"training option {name}={getattr(self, name)!r}: expected one of {list(allowed)}")
+                raise ValueError(
+                    f"training option {name}={getattr(self, name)!r}: expected one of {list(allowed)}"
+                )
         if self.bucket_pool < 1:
             raise ValueError(f"bucket_pool must be >= 1 batch, got {self.bucket_pool}")
 
