@@ -28,12 +28,12 @@ from nextloc.routine import (
     Queries,
     Routine,
     VisitLog,
-    place_centres,
     queries_after_last,
     queries_for_targets,
     wall_minutes,
 )
 from nextloc.sequences import FIRST_PLACE
+from nextloc.vocabulary import place_centres, place_popularity
 
 FALLBACK_MASS = 1e-3
 FLOOR = -40.0  # log-probability of the classes 0 and 1
@@ -286,11 +286,7 @@ class RoutineData:
             queries = queries_for_targets(log, data.table.column("staypoint_id").to_numpy())
             candidates[split] = CandidateSet.build(routine, queries)
             targets[split] = data.target_np
-        popularity = np.zeros(num_places)
-        index = locations["loc_index"].to_numpy(np.int64)
-        ok = index < num_places
-        popularity[index[ok]] = locations["n_train_visits"].to_numpy(np.float64)[ok]
-        return cls(routine, candidates, targets, popularity)
+        return cls(routine, candidates, targets, place_popularity(locations, num_places))
 
     def fit(self, kind: str, seed: int = 0) -> CandidateScorer:
         """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val)."""

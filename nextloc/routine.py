@@ -219,16 +219,6 @@ def song_explore(distinct: np.ndarray) -> np.ndarray:
     return SONG_RHO * np.maximum(np.asarray(distinct, dtype=np.float64), 1.0) ** -SONG_GAMMA
 
 
-def place_centres(locations: pd.DataFrame, num_places: int) -> np.ndarray:
-    """``(num_places, 2)`` latitude/longitude per encoded place from ``vocabulary/locations.parquet``
-    (``loc_index``, ``latitude``, ``longitude``); NaN for 0, 1 and any id it lacks."""
-    centres = np.full((num_places, 2), np.nan)
-    index = locations["loc_index"].to_numpy(np.int64)
-    ok = index < num_places
-    centres[index[ok]] = locations[["latitude", "longitude"]].to_numpy(np.float64)[ok]
-    return centres
-
-
 def _slot(minutes: np.ndarray, width: int = SLOT_MIN) -> np.ndarray:
     return (np.asarray(minutes, dtype=np.int64) % MINUTES_PER_DAY) // width
 

@@ -32,8 +32,8 @@ from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch
 from nextloc.models import OUTPUT_IS_LOG_PROB, SeedEnsemble, model_config, model_from_config
 from nextloc.novelty import NewPlaceHead
 from nextloc.ranking import ROUTINE_KINDS, CandidateScorer, RoutineAnswerer, scorer_from_state
-from nextloc.routine import place_centres
 from nextloc.storage import write_json, write_parquet, write_with
+from nextloc.vocabulary import place_centres, place_popularity
 
 PACKED_FEATURES = ("location", "start_min", "weekday", "duration_min", "diff_days", "user")
 BUNDLE_FORMAT = 1
@@ -252,14 +252,12 @@ def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, loc
     if (folder / RANKER_FILE).is_file():
         state["model"] = (folder / RANKER_FILE).read_text()
     num_places = int(locations["loc_index"].max()) + 1
-    popularity = np.zeros(num_places)
-    popularity[locations["loc_index"].to_numpy(np.int64)] = locations["n_train_visits"].to_numpy(np.float64)
     return RoutineAnswerer(
         model=scorer_from_state(kind, state),
         profile=pd.read_parquet(folder / PROFILE_FILE),
         num_places=num_places,
         centres=place_centres(locations, num_places),
-        popularity=popularity,
+        popularity=place_popularity(locations, num_places),
         timezone=preprocess.timezone,
     )
 

@@ -197,3 +197,23 @@ def _haversine_m(lat1, lon1, lat2, lon2) -> np.ndarray:
     lat1, lon1, lat2, lon2 = map(np.radians, (lat1, lon1, lat2, lon2))
     a = np.sin((lat2 - lat1) / 2) ** 2 + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) / 2) ** 2
     return 2 * EARTH_RADIUS_M * np.arcsin(np.sqrt(np.clip(a, 0.0, 1.0)))
+
+
+def place_centres(locations: pd.DataFrame, num_places: int) -> np.ndarray:
+    """``(num_places, 2)`` latitude/longitude per encoded place from ``vocabulary/locations.parquet``
+    (``loc_index``, ``latitude``, ``longitude``); NaN for 0, 1 and any id it lacks."""
+    centres = np.full((num_places, 2), np.nan)
+    index = locations["loc_index"].to_numpy(np.int64)
+    ok = index < num_places
+    centres[index[ok]] = locations[["latitude", "longitude"]].to_numpy(np.float64)[ok]
+    return centres
+
+
+def place_popularity(locations: pd.DataFrame, num_places: int) -> np.ndarray:
+    """``(num_places,)`` each encoded place's visits in train (``n_train_visits`` of
+    ``vocabulary/locations.parquet``); 0 for 0, 1 and any id it lacks."""
+    popularity = np.zeros(num_places)
+    index = locations["loc_index"].to_numpy(np.int64)
+    ok = index < num_places
+    popularity[index[ok]] = locations["n_train_visits"].to_numpy(np.float64)[ok]
+    return popularity
