@@ -171,6 +171,15 @@ def test_bad_input_is_named(store, tmp_path):
     assert "visits.csv row 2: field 'latitude' = 400.17" in " ".join(out.stderr.split())
 
 
+def test_the_ranker_says_it_needs_visits_not_a_samples_table(store):
+    """A samples table holds 7-day windows only: the ranker, which reads the whole past, says so."""
+    data_dir, uri = store
+    samples = data_dir / "samples" / "test.parquet"
+    out = nextloc("predict", "--model", "ranker", "--history", str(samples), uri=uri, check=False)
+    assert out.returncode == 2
+    assert "answers from visits or positionfixes" in " ".join(out.stderr.split())
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
