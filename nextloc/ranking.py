@@ -186,11 +186,9 @@ class RoutineRanker:
             group=np.bincount(train.query[rows])[has_target],
             feature_name=names,
         )
+        sizes = np.bincount(val.query, minlength=val.n)
         val_set = lightgbm.Dataset(
-            val.features,
-            val.labels(val_target),
-            group=np.bincount(val.query, minlength=val.n),
-            reference=fit_set,
+            val.features, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
         )
         self.booster = lightgbm.train(
             {**RANKER_PARAMS, "seed": self.seed},
