@@ -241,7 +241,9 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
         time.sleep(0.25)
     wall_s = time.monotonic() - t_start
     final = [states.get(i, "UNKNOWN") for i in ids]
+    failed = [i for i, state in zip(ids, final, strict=True) if state != "COMPLETED"]
     return {
+        "failed_runs": [_failure(api, run_id) for run_id in failed],
         "trigger_s": round(trigger_s, 2),
         "burst_wall_s": round(wall_s, 1),
         "timed_out": len(finished_at) < len(ids),
@@ -252,6 +254,23 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
         "api_flow_run_read_latency": _latency_summary(reads, read_errors),
         "api_poll_errors": error_kinds,
         "client_http_errors": {str(k): v for k, v in sorted(CLIENT_HTTP_ERRORS.items())},
+    }
+
+
+def _failure(api: str, run_id: str) -> dict[str, Any]:
+    """What a run that did not complete says: its name, state message and last log lines (from the API)."""
+    try:
+        run = _request(f"{api}/flow_runs/{run_id}", None, timeout=10)
+        body = {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_DESC", "limit": 40}
+        logs = _request(f"{api}/logs/filter", body, timeout=10)
+    except OSError as err:
+        return {"id": run_id, "unreadable": f"{type(err).__name__}: {err}"}
+    return {
+        "id": run_id,
+        "name": run.get("name"),
+        "state": (run.get("state") or {}).get("type"),
+        "message": ((run.get("state") or {}).get("message") or "")[:2000],
+        "log_tail": [entry.get("message", "")[:1500] for entry in reversed(logs)],
     }
 
 
