@@ -312,7 +312,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, catalog: Catalog) -> dict[str,
         return lambda batch: answers[batch.index.cpu()].to(batch.loc.device)
 
     val_scores, test_scores = rows_of("val"), rows_of("test")
-    params = {f"{kind}.weight.{k}": v for k, v in model.state().get("weights", {}).items()}
+    params = {f"{kind}.weight.{k}": v for k, v in getattr(model, "weights", {}).items()}
     if kind == "ranker":
         params.update({"ranker.seed": seed, "ranker.trees": model.best_iteration})
     return {
