@@ -23,7 +23,11 @@ from tasks.train import NEURAL, check_overrides
             r"mhsa: unknown 'mhsa' config key\(s\) \['d_modle'\]",
         ),
         (None, {"pointer_plus": {"bogus": 1}}, r"pointer_plus: unknown training option\(s\) \['bogus'\]"),
-        (None, {"lstm": {"dropout_rng": "mt"}}, r"lstm: dropout_rng must be"),
+        (
+            None,
+            {"lstm": {"dropout_rng": "mt"}},
+            r"lstm: training option dropout_rng='mt': expected one of \['torch', 'pcg64'\]",
+        ),
         (None, {"mhsa": {"bucket_pool": 0}}, r"mhsa: bucket_pool must be >= 1"),
         (None, {"markov": {"lr": 1e-3}}, r"name unknown models \['markov'\]"),
         # an ensemble is checked as its members' kind
