@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from torch import nn
 
 from nextloc.data import Batch
@@ -25,7 +22,6 @@ from nextloc.models import (
     count_parameters,
 )
 from nextloc.models.embedding import MaskedEncoderLayer, last_valid
-from nextloc.models.lstm import chunk_ends
 
 KINDS = ["mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "pointer_plus_refit", "lstm"]
 V, U = 40, 6  # small vocabularies for the behavioural tests
@@ -333,66 +329,6 @@ def test_lstm_reads_the_state_the_reference_packed_lstm_ends_in():
         _, (h_n, _) = model.lstm(packed)
         expected = model.head(model.layer_norm(h_n[-1]), batch.user)
         torch.testing.assert_close(model(batch), expected, rtol=0, atol=1e-5)
-
-
-def _no_dropout(model: nn.Module) -> nn.Module:
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        if isinstance(module, nn.LSTM):
-            module.dropout = 0.0
-    return model
-
-
-def test_lstm_in_length_chunks_gives_the_padded_runs_outputs_and_gradients():
-    """Run in time chunks on the rows still going (the CPU default), the LSTM gives the one padded run's
-    outputs and gradients up to float rounding: each row sees the same steps from the same states."""
-    padded = _no_dropout(small("lstm", length_chunks=False)).train()
-    chunked = _no_dropout(small("lstm")).train()
-    batch = make_batch([3, 11, 1, 6, 11, 2, 9, 9, 4, 1, 7], seed=3)
-    outputs = []
-    for model in (padded, chunked):
-        out = model(batch)
-        F.cross_entropy(out, batch.target).backward()
-        outputs.append(out)
-    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=1e-5)
-    for (name, a), b in zip(padded.named_parameters(), chunked.parameters(), strict=True):
-        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-5, msg=name)
-
-
-def _chunks_cost(descending: list[int], ends: list[int], call_cost: int) -> int:
-    cost, start = 0, 0
-    for end in ends:
-        cost += call_cost + sum(n > start for n in descending) * (end - start)
-        start = end
-    return cost
-
-
-@given(
-    st.lists(st.integers(1, 12), min_size=1, max_size=9).map(lambda x: sorted(x, reverse=True)),
-    st.sampled_from([0, 1, 5, 20, 1000]),
-)
-@settings(max_examples=200, deadline=None)
-def test_chunk_ends_is_the_cheapest_chunking(descending, call_cost):
-    """Against every chunking at the distinct lengths: the least calls-plus-row-steps, ending at the longest."""
-    ends = chunk_ends(descending, call_cost)
-    assert ends == sorted(set(ends))
-    assert ends[-1] == descending[0]
-    assert set(ends) <= set(descending)
-    inner = sorted(set(descending))[:-1]
-    cheapest = min(
-        _chunks_cost(descending, [*chosen, descending[0]], call_cost)
-        for k in range(len(inner) + 1)
-        for chosen in itertools.combinations(inner, k)
-    )
-    assert _chunks_cost(descending, ends, call_cost) == cheapest
-
-
-def test_chunk_ends_extremes():
-    """Free calls: a chunk at every distinct length (the packed LSTM's row-steps); dear calls: one chunk."""
-    assert chunk_ends([10, 10, 5, 3, 1], 0) == [1, 3, 5, 10]
-    assert chunk_ends([10, 10, 5, 3, 1], 10**6) == [10]
-    assert chunk_ends([40] + [5] * 31, 128) == [5, 40]  # 31 short rows: 5 steps instead of 40
 
 
 def test_diagonal_mask_variant():
