@@ -127,7 +127,9 @@ def digests(names: list[str] | None = None) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--setups", default=",".join(SETUPS), help="comma-separated setups to run")
     args = parser.parse_args()
     print(json.dumps(digests(args.setups.split(",")), indent=1, sort_keys=True))

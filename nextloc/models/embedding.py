@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nextloc.data import Batch
-from nextloc.models.dropout import Dropout, dropout
+from nextloc.models.dropout import Dropout
 
 # Reference feature vocabularies (ML embed.py): time = start_min // 15 is split into hour and quarter.
 QUARTERS_PER_HOUR = 4
@@ -184,9 +184,10 @@ class MaskedEncoderLayer(nn.TransformerEncoderLayer):
             norm_first=norm_first,
         )
         self.nhead = nhead
-        self.attn_dropout = dropout
-        # the stock layer's nn.Dropout modules, replaced by the prefetchable one (same draws, same repr)
+        # the stock layer's nn.Dropout modules, replaced by nextloc's (F.dropout unless a PCG64 source is
+        # attached: nextloc.models.dropout), and the same for the attention weights
         self.dropout, self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+        self.attn_dropout = Dropout(dropout)
 
     def forward(self, src: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """Apply the layer.
@@ -220,7 +221,7 @@ class MaskedEncoderLayer(nn.TransformerEncoderLayer):
         scores = torch.matmul(q, k.transpose(-2, -1)).float()  # (B, h, T, T)
         scores = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
         weights = torch.softmax(scores, dim=-1) * allowed  # (B, h, T, T); all-masked rows -> 0
-        weights = dropout(weights, self.attn_dropout, self.training)
+        weights = self.attn_dropout(weights)
         out = torch.matmul(weights.to(v.dtype), v)  # (B, h, T, dh)
         out = out.transpose(1, 2).reshape(batch, width, d_model)  # (B, T, d)
         return self.self_attn.out_proj(out)  # (B, T, d)

@@ -63,8 +63,6 @@ class MHSA(nn.Module):
         config: the architecture.
     """
 
-    streams_dropout = True  # every training draw is a nextloc.models.dropout draw (prefetchable)
-
     def __init__(self, config: MHSAConfig) -> None:
         super().__init__()
         self.config = config

@@ -150,12 +150,6 @@ class PointerGenerator(nn.Module):
             self.freq_bias_scale = nn.Parameter(torch.zeros(()))
         xavier_init(self)
 
-    @property
-    def streams_dropout(self) -> bool:
-        """Whether every training draw is a ``nextloc.models.dropout`` draw (prefetchable): not with
-        ``unknown_dropout``, whose ``torch.rand`` draws come between them."""
-        return self.config.unknown_dropout == 0
-
     def forward(self, batch: Batch) -> torch.Tensor:
         """Log-probabilities of the next location.
 

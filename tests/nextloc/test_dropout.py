@@ -1,75 +1,37 @@
-"""Prefetched dropout draws: the same masks, gradients and generator states as ``F.dropout`` inline; PCG64
-draws: the rate, the scale, the seed and the state, without touching torch's generator."""
+"""nextloc's dropout: ``F.dropout`` without a generator; with a :class:`PCG64Dropout`, the masks of its PCG64
+stream (the rate, the scale, the seed, the state and the exact bits), without touching torch's generator."""
 
 from __future__ import annotations
 
-import threading
+import hashlib
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-import nextloc.models.dropout as dropout_module
-from nextloc.models.dropout import Dropout, UniformStream, dropout, pcg64_dropout, prefetched_dropout
-
-SHAPES = [(3, 5), (2, 4, 7, 7), (1,), (40, 33)]  # with chunk=97 most draws cross chunk boundaries
-RATES = [0.1, 0.2, 0.15, 0.5]
+from nextloc.models import build_model
+from nextloc.models.dropout import Dropout, PCG64Dropout, drawing_from, dropout
 
 
-@pytest.fixture
-def small_chunks(monkeypatch):
-    """Chunks of 97 doubles, 2 ahead: every path of the stream (within, across and spanning chunks)."""
-    monkeypatch.setattr(dropout_module, "CHUNK", 97)
-    monkeypatch.setattr(dropout_module, "DEPTH", 2)
+def _pcg64(x: torch.Tensor, p: float, seed: int = 0) -> torch.Tensor:
+    return dropout(x, p, training=True, generator=PCG64Dropout(seed))
 
 
-def _inputs(seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen, requires_grad=True) for shape in SHAPES]
-
-
-def _run(prefetch: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    torch.manual_seed(7)
-    xs = _inputs()
-    with prefetched_dropout(prefetch):
-        outs = [dropout(x, p, training=True) for x, p in zip(xs, RATES, strict=True)]
-    sum((o * (i + 1)).sum() for i, o in enumerate(outs)).backward()
-    return [o.detach() for o in outs], [x.grad for x in xs], torch.get_rng_state()
-
-
-@pytest.mark.parametrize("chunked", [False, True])
-def test_same_outputs_gradients_and_generator_state(chunked, request):
-    if chunked:
-        request.getfixturevalue("small_chunks")
-    want_out, want_grad, want_state = _run(prefetch=False)
-    got_out, got_grad, got_state = _run(prefetch=True)
-    for got, want in zip(got_out + got_grad, want_out + want_grad, strict=True):
-        assert torch.equal(got, want)
-    assert torch.equal(got_state, want_state)
-
-
-def test_negative_zeros_and_scale_match_bitwise():
-    """The noise is F.dropout's (0 or 1/(1-p) in float32), so dropped negatives stay -0.0."""
-    x = -torch.rand(10_000) - 0.5
-    torch.manual_seed(1)
-    want = F.dropout(x, 0.3, training=True)
-    torch.manual_seed(1)
-    with prefetched_dropout():
-        got = dropout(x, 0.3, training=True)
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-
-
-def test_module_is_nn_dropout_with_the_same_repr():
+def test_module_is_nn_dropout_with_the_same_repr_and_f_dropout_without_a_generator():
     layer = Dropout(0.1)
     assert isinstance(layer, torch.nn.Dropout)
     assert repr(layer) == repr(torch.nn.Dropout(0.1))
+    x = torch.randn(64)
+    torch.manual_seed(2)
+    want = F.dropout(x, 0.1, True)
+    torch.manual_seed(2)
+    assert torch.equal(layer(x), want)
     layer.eval()
-    x = torch.randn(4, 4)
-    with prefetched_dropout():
-        assert layer(x) is x or torch.equal(layer(x), x)
+    assert torch.equal(layer(x), x)
 
 
-def test_inline_outside_the_block_in_eval_and_at_the_edges():
+def test_without_a_generator_it_is_f_dropout_in_eval_and_at_the_edges():
     x = torch.randn(64)
     for p, training in [(0.1, True), (0.0, True), (1.0, True), (0.1, False)]:
         torch.manual_seed(2)
@@ -78,62 +40,26 @@ def test_inline_outside_the_block_in_eval_and_at_the_edges():
         assert torch.equal(dropout(x, p, training), want)
 
 
-def _draw_then(extra) -> None:
-    with prefetched_dropout():
-        dropout(torch.randn(8), 0.1, training=True)
-        extra()
-
-
-def test_another_draw_inside_the_block_raises():
-    """Anything else drawing from the global generator would shift the masks: the block refuses."""
-    with pytest.raises(RuntimeError, match="other than nextloc.models.dropout"):
-        _draw_then(lambda: torch.rand(3))
-
-
-def test_another_thread_draws_inline_and_is_caught():
-    result = {}
-
-    def in_thread() -> None:
-        def other() -> None:
-            result["out"] = dropout(torch.ones(16), 0.5, training=True)
-
-        thread = threading.Thread(target=other)
-        thread.start()
-        thread.join()
-
-    with pytest.raises(RuntimeError, match="other than"):
-        _draw_then(in_thread)
-    assert result["out"].shape == (16,)
-
-
-def test_not_reentrant_and_an_error_in_the_block_stops_the_thread():
-    before = {t.name for t in threading.enumerate()}
-
-    def nested() -> None:
-        with pytest.raises(RuntimeError, match="already active"), prefetched_dropout():
-            pass
-        with pytest.raises(RuntimeError, match="already active"), pcg64_dropout():
-            pass
-        raise ValueError("boom")
-
-    with pytest.raises(ValueError, match="boom"):
-        _draw_then(nested)
-    assert dropout_module._active is None
-    assert {t.name for t in threading.enumerate()} <= before
-
-
-def test_stream_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="chunk"):
-        UniformStream(chunk=0)
-
-
-# --- PCG64 draws -------------------------------------------------------------------------------------
-
-
-def _pcg64(x: torch.Tensor, p: float, seed: int = 0) -> torch.Tensor:
-    dropout_module.manual_seed(seed)
-    with pcg64_dropout():
-        return dropout(x, p, training=True)
+def test_pcg64_masks_are_the_recorded_stream():
+    """The masks of seed 3 for a sequence of draws, recorded from the module-global stream this generator
+    replaced: the same stream, threshold arithmetic and draw order (the pointer recipes' results hold)."""
+    generator = PCG64Dropout(3)
+    outs = [
+        dropout(torch.ones(n), p, True, generator)
+        for n, p in [(37, 0.1), (1000, 0.2), (5, 0.5), (4096, 0.15)]
+    ]
+    assert [hashlib.sha256(o.numpy().tobytes()).hexdigest() for o in outs] == [
+        "8bea48543dc6120f1cb4ea82a278c057c181f1b86a22c56d2511e3385a87eb7b",
+        "2e5b0edc453ec6115e010fbdb0c228b0faccc9d715f6f3af306d412aeb99e991",
+        "8933997710564e2b1f01f9165e20c2e37bafa1782f8ea115757719a3bc77df93",
+        "e14c47ff3f265930dae876eea9325c4c2cabd07a15d17705b45b77fa1f520a3b",
+    ]
+    assert outs[2].tolist() == [0.0, 0.0, 2.0, 2.0, 2.0]
+    assert [i for i, v in enumerate(outs[0].tolist()) if v == 0] == [1, 8, 15, 21, 28]
+    assert generator.state == (
+        '{"bit_generator": "PCG64", "has_uint32": 0, "state": {"inc": 221852925215265661335133513963461865899, '
+        '"state": 129963447937701296134093580321320636423}, "uinteger": 0}'
+    )
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
@@ -159,13 +85,13 @@ def test_pcg64_follows_its_seed_and_state_and_leaves_torch_alone():
     assert torch.equal(torch.get_rng_state(), before)
     assert torch.equal(_pcg64(x, 0.1, seed=3), first)
     assert not torch.equal(_pcg64(x, 0.1, seed=4), first)
-    dropout_module.manual_seed(3)
-    with pcg64_dropout():
-        dropout(x, 0.1, training=True)
-        state = dropout_module.get_state()
-        second = dropout(x, 0.1, training=True)
-        dropout_module.set_state(state)
-        assert torch.equal(dropout(x, 0.1, training=True), second)
+    generator = PCG64Dropout(3)
+    dropout(x, 0.1, True, generator)
+    state = generator.state
+    second = dropout(x, 0.1, True, generator)
+    other = PCG64Dropout(0)
+    other.set_state(state)
+    assert torch.equal(dropout(x, 0.1, True, other), second)
     assert not torch.equal(second, first)
 
 
@@ -182,26 +108,32 @@ def test_pcg64_gradient_is_the_noise_and_negative_zeros_stay():
     assert torch.signbit(out.detach()[dropped]).all()
 
 
-def test_pcg64_only_applies_in_training_on_cpu_float32_in_its_thread():
-    """Outside the block, in eval, at p in {0, 1}, for float64 and from another thread: F.dropout."""
+def test_pcg64_only_applies_in_training_on_cpu_float32():
+    """In eval, at p in {0, 1} and for float64: F.dropout, the generator untouched."""
     x = torch.randn(64)
-    with pcg64_dropout():
-        assert torch.equal(dropout(x, 0.1, training=False), x)
-        torch.manual_seed(2)
-        want = F.dropout(x.double(), 0.1, True)
-        torch.manual_seed(2)
-        assert torch.equal(dropout(x.double(), 0.1, training=True), want)
-        for p in (0.0, 1.0):
-            assert torch.equal(dropout(x, p, training=True), F.dropout(x, p, True))
-        result = {}
+    generator = PCG64Dropout(0)
+    state = generator.state
+    assert torch.equal(dropout(x, 0.1, False, generator), x)
+    torch.manual_seed(2)
+    want = F.dropout(x.double(), 0.1, True)
+    torch.manual_seed(2)
+    assert torch.equal(dropout(x.double(), 0.1, True, generator), want)
+    for p in (0.0, 1.0):
+        assert torch.equal(dropout(x, p, True, generator), F.dropout(x, p, True))
+    assert generator.state == state
 
-        def other() -> None:
-            torch.manual_seed(9)
-            result["out"] = dropout(x, 0.5, training=True)
 
-        thread = threading.Thread(target=other)
-        thread.start()
-        thread.join()
-        torch.manual_seed(9)
-        assert torch.equal(result["out"], F.dropout(x, 0.5, True))
-    assert dropout_module._active is None
+def test_drawing_from_attaches_one_generator_to_every_dropout_of_a_model_and_detaches_it():
+    """Inside the block every Dropout module (the attention weights' included) draws from the generator, in
+    forward order; after it, none holds a generator."""
+    model = build_model("pointer", 12, 4, max_seq_len=16)
+    modules = [m for m in model.modules() if isinstance(m, Dropout)]
+    assert modules
+    assert not [m for m in model.modules() if isinstance(m, nn.Dropout) and not isinstance(m, Dropout)]
+    generator = PCG64Dropout(0)
+    with drawing_from(model, generator):
+        assert all(m.generator is generator for m in modules)
+    assert all(m.generator is None for m in modules)
+    with pytest.raises(ValueError, match="boom"), drawing_from(model, generator):
+        raise ValueError("boom")
+    assert all(m.generator is None for m in modules)

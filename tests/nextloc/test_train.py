@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -13,18 +15,19 @@ import torch
 
 import nextloc.train as train_module
 from nextloc.data import SampleTensors, by_length
+from nextloc.evaluate import model_scores, score_split
 from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
+from nextloc.models.dropout import PCG64Dropout
+from nextloc.optim import pointer_lr
 from nextloc.train import (
     REFIT_CHECKPOINT,
     SELECTION_CHECKPOINT,
     FitResult,
     TrainConfig,
-    _pointer_lr,
     check_kind_overrides,
     fit,
     fit_model,
     fit_seed_ensemble,
-    predict_scores,
     seed_everything,
 )
 
@@ -85,7 +88,7 @@ def test_loss_falls_and_best_weights_are_loaded(kind, data):
     losses = [h["train_loss"] for h in result.history]
     assert losses[-1] < losses[0]
     assert result.best_val_loss == min(h["val_loss"] for h in result.history[: result.best_epoch])
-    again = predict_scores(result.model, val).compute()
+    again = score_split(model_scores(result.model), val).accumulator.compute()
     assert again["acc@1"] == pytest.approx(result.history[result.best_epoch - 1]["val_acc@1"], abs=1e-6)
 
 
@@ -104,11 +107,11 @@ def test_training_is_deterministic(data):
 def test_pointer_schedule_matches_reference():
     """5 warmup epochs reaching the base rate, then cosine towards 1e-6 over 45 epochs."""
     cfg = TrainConfig.for_recipe("pointer")
-    assert [round(_pointer_lr(e, cfg), 8) for e in range(5)] == [
+    assert [round(pointer_lr(e, cfg), 8) for e in range(5)] == [
         round(6.5e-4 * (e + 1) / 5, 8) for e in range(5)
     ]
-    assert _pointer_lr(5, cfg) == pytest.approx(6.5e-4)
-    assert _pointer_lr(50, cfg) == pytest.approx(1e-6)
+    assert pointer_lr(5, cfg) == pytest.approx(6.5e-4)
+    assert pointer_lr(50, cfg) == pytest.approx(1e-6)
 
 
 @pytest.mark.parametrize(
@@ -239,10 +242,7 @@ RESUME_CASES = {
         "pointer",
         {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "bucket": False, "dropout_rng": "torch"},
     ),
-    "pointer_ema_bucket": (
-        "pointer",
-        {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "ema_decay": 0.9, "bucket": True},
-    ),
+    "pointer_bucket": ("pointer", {"max_epochs": 4, "min_epochs": 0, "batch_size": 32, "bucket": True}),
     "lstm": ("lstm", {"max_epochs": 3, "batch_size": 32, "lr": 3e-3}),
 }
 
@@ -334,7 +334,7 @@ def test_mhsa_case_exercises_the_early_stops(data):
         ("mhsa", 6),  # the epoch that ended training: the resumed call trains nothing
         ("mhsa_pooled", 2),
         ("pointer", 2),
-        ("pointer_ema_bucket", 3),
+        ("pointer_bucket", 3),
         ("lstm", 1),
     ],
 )
@@ -420,7 +420,7 @@ def test_resume_file_of_another_run_is_ignored(change, data, tmp_path, caplog):
     if change.get("samples") == "other":
         change = {"samples": (SampleTensors(_samples(256, 7)), data[1])}
     want = _run("mhsa", data, **change)
-    with caplog.at_level(logging.WARNING, logger="nextloc.train"):
+    with caplog.at_level(logging.WARNING, logger="nextloc"):
         got = _run("mhsa", data, path, **change)
     assert got.resumed_from_epoch == 0
     assert "another training config" in caplog.text
@@ -444,7 +444,7 @@ def test_unusable_resume_file_is_ignored(damage, data, tmp_path, caplog):
         state = torch.load(path, weights_only=True)
         state["optimizer"]["param_groups"] = []
         torch.save(state, path)
-    with caplog.at_level(logging.WARNING, logger="nextloc.train"):
+    with caplog.at_level(logging.WARNING, logger="nextloc"):
         got = _run("mhsa", data, path)
     assert got.resumed_from_epoch == 0
     assert "training from scratch" in caplog.text
@@ -490,38 +490,6 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
         )
 
 
-@pytest.mark.parametrize("case", ["mhsa", "mhsa_pooled", "pointer", "pointer_ema_bucket", "lstm"])
-def test_prefetching_and_overlapped_validation_change_nothing(case, data):
-    """Dropout draws prefetched on a thread and each epoch validated beside the next one (the CPU defaults)
-    give the inline run's weights, history and final global generator state, bit for bit: the mhsa case
-    rolls back the overlapped epoch at both learning-rate drops and at the early end."""
-    runs, states = [], []
-    for prefetch, overlap in [(False, False), (True, True), (False, True), (True, False)]:
-        runs.append(_run(case, data, prefetch_dropout=prefetch, overlap_validation=overlap))
-        states.append(torch.get_rng_state())
-    for run, state in zip(runs[1:], states[1:], strict=True):
-        _assert_identical(run, runs[0])
-        assert torch.equal(state, states[0])
-
-
-def test_models_with_other_draws_do_not_prefetch(data, monkeypatch):
-    """With F.dropout's draws (``dropout_rng="torch"``): pointer_plus draws its unknown-place augmentation with
-    torch.rand and the LSTM's dropout is inside nn.LSTM, so their epochs run inline (entering the prefetched
-    block would raise on exit)."""
-    import nextloc.models.dropout as dropout_module
-
-    entered = []
-    real = dropout_module.prefetched_dropout
-    monkeypatch.setattr(train_module, "prefetched_dropout", lambda on: entered.append(on) or real(on))
-    train, val = data
-    for kind in ("pointer_plus", "lstm", "mhsa"):
-        entered.clear()
-        model = _build(kind)
-        config = TrainConfig.for_recipe(kind, max_epochs=1, batch_size=32, dropout_rng="torch")
-        fit(model, train, val, config, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
-        assert entered == [kind == "mhsa"], kind
-
-
 @pytest.mark.parametrize(
     ("kind", "draws"),
     [
@@ -546,32 +514,21 @@ def test_recipes_dropout_draws_and_the_reference_draws_are_one_override_away(kin
 
 
 def test_pcg64_dropout_leaves_torch_generator_alone_and_follows_the_seed(data, monkeypatch):
-    """mhsa's only random draws are dropout's: with PCG64 masks (not its recipe's), training leaves torch's global generator where
-    seeding put it, no epoch enters the prefetched block, and the same seed gives the same weights while
-    another seed of the dropout stream alone gives others."""
-    import nextloc.models.dropout as dropout_module
-
-    entered = []
-    real = dropout_module.prefetched_dropout
-    monkeypatch.setattr(train_module, "prefetched_dropout", lambda on: entered.append(on) or real(on))
+    """mhsa's only random draws are dropout's: with PCG64 masks (not its recipe's), training leaves torch's
+    global generator where seeding put it, and the same seed gives the same weights while another seed of
+    the dropout stream alone gives others."""
     train, val = data
     config = TrainConfig.for_recipe("mhsa", max_epochs=2, batch_size=32, dropout_rng="pcg64")
 
     def weights(dropout_seed: int | None = None) -> dict[str, torch.Tensor]:
-        def seed(seed: int, deterministic: bool = True) -> None:
-            seed_everything(seed, deterministic)
-            if dropout_seed is not None:  # another dropout stream, everything else as seeded
-                dropout_module.manual_seed(dropout_seed)
-
-        monkeypatch.setattr(train_module, "seed_everything", seed)
+        if dropout_seed is not None:  # another dropout stream, everything else as seeded
+            monkeypatch.setattr(train_module, "PCG64Dropout", lambda seed: PCG64Dropout(dropout_seed))
         return fit(_build("mhsa"), train, val, config, log_prob_output=False).model.state_dict()
 
     first = weights()
     after = torch.get_rng_state()
     seed_everything(config.seed)
     assert torch.equal(after, torch.get_rng_state())
-    assert entered
-    assert not any(entered)
     again, other = weights(), weights(dropout_seed=1)
     assert all(torch.equal(again[k], v) for k, v in first.items())
     assert not all(torch.equal(other[k], v) for k, v in first.items())
@@ -608,3 +565,42 @@ def test_a_misspelt_training_choice_fails_before_any_work_naming_it(option, valu
         ValueError, match=rf"pointer_plus: training option {option}='{value}': expected one of \[{allowed}\]"
     ):
         check_kind_overrides("pointer_plus", {}, {option: value})
+
+
+# --- the recipes' results, pinned -------------------------------------------------------------------
+
+DIGEST_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_digest.py"
+DIGESTS = DIGEST_SCRIPT.parent / "results" / "train-digest-after.json"
+
+
+@pytest.fixture(scope="module")
+def digest_script():
+    spec = importlib.util.spec_from_file_location("train_digest", DIGEST_SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("setup", ["mhsa", "mhsa_drops", "pointer", "pointer_plus", "lstm"])
+def test_each_recipes_results_are_the_recorded_ones(setup, digest_script):
+    """Tiny deterministic runs of each recipe (``benchmarks/train_digest.py``) give the recorded weights
+    (sha256) and history bit for bit on the CPU capability and torch version they were recorded with, and
+    the history within 1e-5 (relative) elsewhere: a change of a recipe's results is caught, another CI
+    machine's kernels are not."""
+    recorded = json.loads(DIGESTS.read_text())
+    want = recorded["runs"][setup]
+    got = digest_script.run_setup(setup)
+    assert (got["epochs"], got["best_epoch"]) == (want["epochs"], want["best_epoch"])
+    same_kernels = (torch.backends.cpu.get_cpu_capability(), torch.__version__) == (
+        recorded["cpu_capability"],
+        recorded["torch"],
+    )
+    if same_kernels:
+        assert got["history"] == want["history"]
+        assert got["weights_sha256"] == want["weights_sha256"]
+    else:
+        assert [sorted(r) for r in got["history"]] == [sorted(r) for r in want["history"]]
+        for got_record, want_record in zip(got["history"], want["history"], strict=True):
+            assert got_record == pytest.approx(want_record, rel=1e-5)
