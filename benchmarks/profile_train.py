@@ -40,7 +40,7 @@ def recipe_step(
 
     from nextloc.data import SampleTensors
     from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
-    from nextloc.models.dropout import pcg64_dropout
+    from nextloc.models.dropout import PCG64Dropout, drawing_from
     from nextloc.train import TrainConfig, _loss, seed_everything
 
     meta = json.loads((data_dir / "metadata.json").read_text())
@@ -52,6 +52,7 @@ def recipe_step(
     train = SampleTensors.from_parquet(data_dir / "samples" / "train.parquet")
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=foreach)
     generator = torch.Generator().manual_seed(0)
+    masks = PCG64Dropout(0) if config.dropout_rng == "pcg64" else None  # CPU: the trainer's, seed 0
     batches = list(
         train.batches(
             config.batch_size,
@@ -72,7 +73,7 @@ def recipe_step(
     loss_fn = wrap_loss(loss_of) if wrap_loss is not None else loss_of
 
     def step(batch: Any) -> None:
-        with pcg64_dropout(config.dropout_rng == "pcg64"):  # the recipe's dropout draws, as the trainer's
+        with drawing_from(model, masks):  # the recipe's dropout draws, as the trainer's
             loss = loss_fn(batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -8,11 +8,10 @@ The reference-style loop is what both reference repositories do: a per-sample ``
 tensors in ``__getitem__``, a ``pad_sequence`` collate, torch's default thread count, and Acc@k/MRR/NDCG
 computed on every training batch with a ``topk`` and a full ``argsort`` over all locations. It trains the
 same model class with the same recipe, so the ratio isolates the training machinery. ``nextloc`` is the
-default trainer with each kind's recipe (one intra-op thread; on a CPU each epoch's validation runs on a
-helper thread, and so do F.dropout's draws where the recipe keeps them, see ``nextloc.train``);
-``nextloc_inline`` turns both helpers off (everything on one thread). The LSTM's reference-style loop trains
-nextloc's LSTM run as one fused call over the padded batch (the conservative ratio: faster than the reference's
-packed loop); ``reference_style_packed`` is the reference's own packed LSTM.
+default trainer with each kind's recipe (one intra-op thread, everything on the training thread, see
+``nextloc.train``). The LSTM's reference-style loop trains nextloc's LSTM, one fused call over the padded
+batch (the conservative ratio: faster than the reference's packed loop); ``reference_style_packed`` is the
+reference's own packed LSTM.
 Both processes have the same 2 cores. Prints JSON.
 """
 
@@ -66,22 +65,18 @@ def main() -> int:
     }
     for kind in args.models.split(","):
         # the LSTM also against the reference's own packed LSTM (pack_padded_sequence, h_n)
-        modes = ("nextloc", "inline", "reference") + (("reference_packed",) if kind == "lstm" else ())
+        modes = ("nextloc", "reference") + (("reference_packed",) if kind == "lstm" else ())
         runs: dict[str, list[dict]] = {mode: [] for mode in modes}
         for round_ in range(args.repeats):  # each round runs every mode, in a rotated order
             shift = round_ % len(modes)
             for mode in modes[shift:] + modes[:shift]:
                 runs[mode].append(_subprocess(args.data_dir, kind, 0, mode, args.epochs))
-        ours, inline, ref = (_median_run(runs[mode]) for mode in modes[:3])
+        ours, ref = (_median_run(runs[mode]) for mode in modes[:2])
         out[kind] = {
             "nextloc": ours,
-            "nextloc_inline": inline,
             "reference_style": ref,
             "ratio_train_samples_per_s": _ratio(ours["train_samples_per_s"], ref["train_samples_per_s"]),
             "ratio_epoch_wall": _ratio(ref["epoch_wall_s"], ours["epoch_wall_s"]),
-            "ratio_inline_train_samples_per_s": _ratio(
-                inline["train_samples_per_s"], ref["train_samples_per_s"]
-            ),
         }
         if "reference_packed" in runs:
             packed = _median_run(runs["reference_packed"])
@@ -160,15 +155,12 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
     import torch
 
     from nextloc.data import SampleTensors
+    from nextloc.evaluate import model_scores, score_split
     from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
-    from nextloc.train import TrainConfig, fit_model, predict_scores
+    from nextloc.train import TrainConfig, fit_model
 
     meta = json.loads((data_dir / "metadata.json").read_text())
     overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
-    if kind == "lstm" and mode == "reference":
-        # One fused call over the padded batch: faster than the reference's packed per-step loop (1.58x,
-        # BENCHMARKS.md), so the ratio is conservative; nextloc's LSTM runs in length chunks on a CPU.
-        overrides = {"length_chunks": False}
 
     def build():
         torch.manual_seed(seed)
@@ -187,8 +179,6 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
         if mode == "full"
         else {"max_epochs": epochs, "min_epochs": 0, "patience": 10**6, "refit_on_train_val": False}
     )
-    if mode == "inline":  # everything on the training thread: no prefetched draws, no overlapped validation
-        limit = {**limit, "prefetch_dropout": False, "overlap_validation": False}
     config = TrainConfig.for_recipe(kind, seed=seed, **limit)
     start = time.perf_counter()
     selection, refit = fit_model(
@@ -196,7 +186,7 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
     )
     wall = time.perf_counter() - start
     final = refit or selection
-    metrics = predict_scores(final.model, splits["test"]).compute()
+    metrics = score_split(model_scores(final.model), splits["test"]).accumulator.compute()
     return {
         "train_samples_per_s": round(selection.train_samples_per_s, 1),
         "epoch_wall_s": round(selection.train_seconds / selection.epochs, 2),

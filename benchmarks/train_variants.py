@@ -4,8 +4,8 @@
 
 Each variant runs in its own process, one intra-op thread (as trainings run in worker processes): the
 recipe's optimizer, loss, clipping and shuffled batches, ``--warmup`` steps untimed (compilation included
-in ``warmup_s``), then ``--steps`` timed steps. Variants: ``eager`` (what nextloc runs; dropout drawn
-inline here), ``bf16`` (CPU autocast to bfloat16) and ``compile`` (``torch.compile(dynamic=True)`` of the
+in ``warmup_s``), then ``--steps`` timed steps. Variants: ``eager`` (what nextloc runs, with the
+recipe's dropout draws), ``bf16`` (CPU autocast to bfloat16) and ``compile`` (``torch.compile(dynamic=True)`` of the
 loss). Both of the latter change the results' bits, so they would be recipe changes. Prints one JSON
 object: per variant, train samples/s and the ratio to ``eager`` in the same run.
 """
