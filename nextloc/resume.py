@@ -16,8 +16,7 @@ import hashlib
 import json
 import logging
 import random
-from collections.abc import Collection
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from torch import nn
 
 from nextloc.data import SampleTensors
 from nextloc.models.dropout import PCG64Dropout
+from nextloc.optim import EarlyStopping
 from nextloc.storage import atomic_path
 
 if TYPE_CHECKING:
@@ -48,6 +48,38 @@ class TrainingObjects:
     scaler: torch.amp.GradScaler
     batches: torch.Generator  # shuffles the training batches
     dropout: PCG64Dropout | None  # the PCG64 dropout masks' source, where the recipe uses one
+
+
+@dataclass
+class Progress:
+    """The loop's bookkeeping, saved with every resume state (modules and RNGs are saved beside it)."""
+
+    stopping: EarlyStopping
+    epoch: int = 0  # last completed epoch
+    finished: bool = False  # the loop ended (max_epochs reached or early stopping exhausted)
+    history: list[dict[str, float]] = field(default_factory=list)
+    # timing: not covered by the identical-results guarantee
+    elapsed: float = 0.0
+    seconds_to_best: float = 0.0
+    n_trained: int = 0
+    train_loop_seconds: float = 0.0
+
+    def state(self) -> dict[str, Any]:
+        """Plain values for the resume file."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        stopping = self.stopping
+        return {**values, "stopping": {f.name: getattr(stopping, f.name) for f in fields(stopping)}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], model: nn.Module) -> Progress:
+        """Rebuild from :meth:`state`, the best weights moved to where ``model``'s live."""
+        stopping = EarlyStopping(**state["stopping"])
+        current = model.state_dict()
+        stopping.best_state = {k: v.to(current[k].device) for k, v in stopping.best_state.items()}
+        return cls(**{**state, "stopping": stopping})
+
+
+_PROGRESS_KEYS = frozenset(f.name for f in fields(Progress))
 
 
 def _config_json(config: TrainConfig) -> str:
@@ -139,12 +171,12 @@ def set_rng_state(rng: dict[str, Any], objects: TrainingObjects) -> None:
         objects.dropout.set_state(rng["dropout"])
 
 
-def save(path: Path, fingerprint: str, objects: TrainingObjects, progress: dict[str, Any]) -> None:
-    """Write the loop state after an epoch (``progress``: the loop's bookkeeping) atomically to ``path``."""
+def save(path: Path, fingerprint: str, objects: TrainingObjects, progress: Progress) -> None:
+    """Write the loop state after an epoch atomically to ``path``."""
     state = {
         "format": RESUME_FORMAT,
         "fingerprint": fingerprint,
-        "progress": progress,
+        "progress": progress.state(),
         "model": objects.model.state_dict(),
         "optimizer": objects.optimizer.state_dict(),
         "scheduler": objects.scheduler.state_dict() if objects.scheduler is not None else None,
@@ -155,9 +187,9 @@ def save(path: Path, fingerprint: str, objects: TrainingObjects, progress: dict[
         torch.save(state, tmp)
 
 
-def read(path: Path, fingerprint: str, progress_keys: Collection[str]) -> dict[str, Any] | None:
-    """The resume state at ``path`` if it exists, is readable, has this format and ``progress_keys`` and was
-    written for ``fingerprint``; else None.
+def read(path: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The resume state at ``path`` if it exists, is readable, has this format and layout and was written
+    for ``fingerprint``; else None.
 
     Anything unusable is ignored with a warning (the caller then trains from scratch), never raised.
     """
@@ -178,7 +210,7 @@ def read(path: Path, fingerprint: str, progress_keys: Collection[str]) -> dict[s
         or state.get("format") != RESUME_FORMAT
         or not _KEYS.issubset(state)
         or not isinstance(state["progress"], dict)
-        or set(state["progress"]) != set(progress_keys)
+        or set(state["progress"]) != _PROGRESS_KEYS
     ):
         logger.warning(
             "ignoring %s: not a resume file of format %d; training from scratch", path, RESUME_FORMAT
@@ -194,7 +226,7 @@ def read(path: Path, fingerprint: str, progress_keys: Collection[str]) -> dict[s
     return state
 
 
-def restore(state: dict[str, Any], objects: TrainingObjects) -> dict[str, Any]:
+def restore(state: dict[str, Any], objects: TrainingObjects) -> Progress:
     """Load a state from :func:`read` into the run's objects and generators; return its progress.
 
     Raises:
@@ -208,4 +240,4 @@ def restore(state: dict[str, Any], objects: TrainingObjects) -> dict[str, Any]:
         objects.scheduler.load_state_dict(state["scheduler"])
     objects.scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"], objects)
-    return state["progress"]
+    return Progress.from_state(state["progress"], objects.model)

@@ -51,7 +51,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -214,38 +214,6 @@ class FitResult:
     resumed_from_epoch: int = 0  # epochs restored from a resume file (0: trained from scratch)
 
 
-@dataclass
-class _Progress:
-    """The loop's bookkeeping, saved with every resume state (modules and RNGs are saved beside it)."""
-
-    stopping: optim.EarlyStopping
-    epoch: int = 0  # last completed epoch
-    finished: bool = False  # the loop ended (max_epochs reached or early stopping exhausted)
-    history: list[dict[str, float]] = field(default_factory=list)
-    # timing: not covered by the identical-results guarantee
-    elapsed: float = 0.0
-    seconds_to_best: float = 0.0
-    n_trained: int = 0
-    train_loop_seconds: float = 0.0
-
-    def state(self) -> dict[str, Any]:
-        """Plain values for the resume file."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        stopping = self.stopping
-        return {**values, "stopping": {f.name: getattr(stopping, f.name) for f in fields(stopping)}}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any], model: nn.Module) -> _Progress:
-        """Rebuild from :meth:`state`, the best weights moved to where ``model``'s live."""
-        stopping = optim.EarlyStopping(**state["stopping"])
-        current = model.state_dict()
-        stopping.best_state = {k: v.to(current[k].device) for k, v in stopping.best_state.items()}
-        return cls(**{**state, "stopping": stopping})
-
-
-_PROGRESS_KEYS = frozenset(f.name for f in fields(_Progress))
-
-
 def check_kind_overrides(kind: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> None:
     """Raise what training ``kind`` (a model kind or a seed ensemble) with these overrides would, building
     nothing: a key that is not a field of the kind's model config, or a training option
@@ -328,7 +296,7 @@ def fit(
         torch.set_num_threads(config.num_threads)
     seed_everything(config.seed, config.deterministic)
     run = _training_objects(model, config, train)
-    progress = _Progress(stopping=optim.EarlyStopping.for_config(config, model))
+    progress = resume.Progress(stopping=optim.EarlyStopping.for_config(config, model))
     fingerprint = resume.fingerprint(model, train, val, config) if resume_path is not None else ""
     if resume_path is not None:
         progress, run = _resumed(resume_path, fingerprint, run, progress, config, train)
@@ -356,7 +324,7 @@ def fit(
         progress.finished = decision == "stop" or epoch == config.max_epochs
         if resume_path is not None:  # before log_metrics: a crash from here on loses nothing of this epoch
             progress.elapsed = time.perf_counter() - start
-            resume.save(resume_path, fingerprint, run, progress.state())
+            resume.save(resume_path, fingerprint, run, progress)
         if log_metrics is not None:
             log_metrics(record, epoch)
         if progress.finished:
@@ -460,17 +428,17 @@ def _resumed(
     path: Path,
     fingerprint: str,
     run: TrainingObjects,
-    progress: _Progress,
+    progress: resume.Progress,
     config: TrainConfig,
     train: SampleTensors,
-) -> tuple[_Progress, TrainingObjects]:
+) -> tuple[resume.Progress, TrainingObjects]:
     """The progress and objects to continue from: restored from ``path`` when it holds this run's state,
     else the fresh ones given (re-made when a restore failed half-way)."""
-    state = resume.read(path, fingerprint, _PROGRESS_KEYS)
+    state = resume.read(path, fingerprint)
     if state is None:
         return progress, run
     try:
-        restored = _Progress.from_state(resume.restore(state, run), run.model)
+        restored = resume.restore(state, run)
     except Exception as exc:  # a damaged state that passed the checks: never worth a crash
         logger.warning("cannot resume from %s (%s: %s); training from scratch", path, type(exc).__name__, exc)
         run.model.load_state_dict(progress.stopping.best_state)  # the initial weights
