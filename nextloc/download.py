@@ -40,6 +40,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from nextloc.atomic import write_text_atomic
+
 __all__ = [
     "GEOLIFE_SHA256",
     "GEOLIFE_URL",
@@ -171,19 +173,8 @@ def _read_sidecar(sidecar: Path) -> str | None:
         return None
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
 def _write_sidecar(dest: Path, digest: str) -> None:
-    _write_text_atomic(_sidecar_path(dest), f"{digest}  {dest.name}\n")
+    write_text_atomic(_sidecar_path(dest), f"{digest}  {dest.name}\n")
 
 
 # --------------------------------------------------------------------------- #
@@ -620,7 +611,7 @@ def fetch_geolife(
     digest = _read_sidecar(_sidecar_path(zip_path)) or sha256_file(zip_path)
     root = extract_geolife(zip_path, dest_dir)
     relative = root.relative_to(dest_dir.resolve())
-    _write_text_atomic(
+    write_text_atomic(
         marker_path,
         json.dumps({"root": relative.as_posix(), "sha256": digest, "archive": zip_path.name}),
     )

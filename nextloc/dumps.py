@@ -28,10 +28,10 @@ import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from nextloc.atomic import atomic_path
 from nextloc.download import _find_data_parent
 from nextloc.fingerprint import hash_file
 from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
-from nextloc.storage import atomic_path
 
 logger = logging.getLogger(__name__)
 

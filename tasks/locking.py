@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from nextloc.storage import remove_stale_temp_files
+from nextloc.atomic import remove_stale_temp_files
 
 logger = logging.getLogger("nextloc.lock")
 
