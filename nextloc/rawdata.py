@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from nextloc.locks import exclusive_lock
 
 logger = logging.getLogger(__name__)
 
@@ -78,36 +77,19 @@ def extract_archive(archive: Path, out_dir: Path) -> Path:
     """Unpack a ``.tar.xz``/``.tar.gz``/``.tar`` or ``.zip`` of GeoLife safely (no path escapes), atomically.
 
     Uses the multi-threaded ``xz`` program when present (about 8 s for the full data on 2 cores). Processes
-    that unpack into the same ``out_dir`` take turns (an exclusive ``flock`` beside it, dropped by the
-    operating system if the holder dies): one that waited finds the data its predecessor unpacked and
+    that unpack into the same ``out_dir`` take turns (:func:`nextloc.locks.exclusive_lock` on
+    ``.<out_dir name>.unpack.lock`` beside it): one that waited finds the data its predecessor unpacked and
     returns it, so ``make run`` can unpack while it installs and the command then uses that.
     """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with _unpack_lock(out_dir):
+    lock = out_dir.with_name(f".{out_dir.name}.unpack.lock")
+    with exclusive_lock(
+        lock, on_wait=lambda: logger.info("waiting for another process unpacking into %s", out_dir)
+    ):
         if _has_data(out_dir):
             logger.info("%s was unpacked meanwhile by another process", out_dir)
             return out_dir
         return _extract(archive, out_dir)
-
-
-@contextlib.contextmanager
-def _unpack_lock(out_dir: Path) -> Iterator[None]:
-    fd = os.open(out_dir.with_name(f".{out_dir.name}.unpack.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if not _try_lock(fd):
-            logger.info("waiting for another process unpacking into %s", out_dir)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def _extract(archive: Path, out_dir: Path) -> Path:
