@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from nextloc.archives import extract, is_zip
 from nextloc.locks import exclusive_lock
 
 logger = logging.getLogger(__name__)
@@ -93,27 +93,13 @@ def extract_archive(archive: Path, out_dir: Path) -> Path:
 
 
 def _extract(archive: Path, out_dir: Path) -> Path:
-    if archive.suffix == ".zip":
+    """Unpack into ``<out_dir>.partial``, check it holds ``Data/``, then swap it in for ``out_dir``."""
+    if is_zip(archive):
         from nextloc.download import extract_geolife
 
         return extract_geolife(archive, out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    logger.info("unpacking %s into %s", archive, out_dir)
-    try:
-        if str(archive).endswith(".xz") and shutil.which("xz"):
-            with subprocess.Popen(["xz", "-dc", "-T2", str(archive)], stdout=subprocess.PIPE) as proc:
-                with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-                    tar.extractall(tmp, filter="data")
-                if proc.wait() != 0:
-                    raise OSError(f"xz failed on {archive} (exit {proc.returncode})")
-        else:
-            with tarfile.open(archive) as tar:
-                tar.extractall(tmp, filter="data")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-unpacked is left behind
-        raise
+    extract(archive, tmp)  # removes tmp again if it fails: nothing half-unpacked is left behind
     if not _has_data(tmp):
         shutil.rmtree(tmp, ignore_errors=True)
         raise FileNotFoundError(f"{archive} holds no GeoLife Data/ folder")
