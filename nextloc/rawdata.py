@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nextloc.archives import extract, is_zip
+from nextloc.download import extract_geolife, fetch_geolife
 from nextloc.locks import exclusive_lock
 
 logger = logging.getLogger(__name__)
@@ -62,8 +63,6 @@ def locate_raw_data(
         raise FileNotFoundError(
             f"no GeoLife data: set ${ENV_DIR}, put Data/ under {default_dir}, or set ${ENV_ARCHIVE}"
         )
-    from nextloc.download import fetch_geolife
-
     try:
         path = fetch_geolife(default_dir.parent / "download")
     except OSError as err:
@@ -76,10 +75,11 @@ def locate_raw_data(
 def extract_archive(archive: Path, out_dir: Path) -> Path:
     """Unpack a ``.tar.xz``/``.tar.gz``/``.tar`` or ``.zip`` of GeoLife safely (no path escapes), atomically.
 
-    Uses the multi-threaded ``xz`` program when present (about 8 s for the full data on 2 cores). Processes
-    that unpack into the same ``out_dir`` take turns (:func:`nextloc.locks.exclusive_lock` on
-    ``.<out_dir name>.unpack.lock`` beside it): one that waited finds the data its predecessor unpacked and
-    returns it, so ``make run`` can unpack while it installs and the command then uses that.
+    Unpacking is :func:`nextloc.archives.extract`'s (the multi-threaded ``xz`` program when present: about
+    8 s for the full data on 2 cores). Processes that unpack into the same ``out_dir`` take turns
+    (:func:`nextloc.locks.exclusive_lock` on ``.<out_dir name>.unpack.lock`` beside it): one that waited
+    finds the data its predecessor unpacked and returns it, so ``make run`` can unpack while it installs
+    and the command then uses that.
     """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     lock = out_dir.with_name(f".{out_dir.name}.unpack.lock")
@@ -93,10 +93,10 @@ def extract_archive(archive: Path, out_dir: Path) -> Path:
 
 
 def _extract(archive: Path, out_dir: Path) -> Path:
-    """Unpack into ``<out_dir>.partial``, check it holds ``Data/``, then swap it in for ``out_dir``."""
+    """A zip goes through :func:`extract_geolife`; a tar into ``<out_dir>.partial``, swapped in for
+    ``out_dir`` once it is known to hold ``Data/``.
+    """
     if is_zip(archive):
-        from nextloc.download import extract_geolife
-
         return extract_geolife(archive, out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     extract(archive, tmp)  # removes tmp again if it fails: nothing half-unpacked is left behind
