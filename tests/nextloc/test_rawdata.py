@@ -134,3 +134,15 @@ def test_the_make_run_prefetch_never_fails_and_never_downloads(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "the job will find or fetch it" in done.stderr
     assert not (tmp_path / "data" / "raw" / "download").exists()
+
+
+def test_the_make_run_prefetch_needs_only_the_standard_library():
+    """``make raw-data`` runs before the environment is installed: its whole import chain is stdlib-only."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    code = (
+        "import sys\n"
+        "import nextloc.rawdata, nextloc.download, nextloc.archives, nextloc.locks, nextloc.atomic\n"
+        "assert not {'numpy', 'pandas', 'pyarrow', 'xxhash'} & set(sys.modules), sorted(sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
