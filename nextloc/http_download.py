@@ -269,10 +269,12 @@ def _download_once(
         offset, total, length = _resume_point(url, part, offset, response)
         received = _stream(response, part, offset, total, chunk_size=chunk_size, progress=progress)
     if length is not None and received != length:
-        raise _RetryableDownloadError(f"connection closed after {received} of {length} bytes from {url}")
+        raise _RetryableDownloadError(
+            f"connection closed after {received} of {length} bytes from {url} (kept in {part} to resume)"
+        )
     size = offset + received
     if total is not None and size != total:
-        raise _RetryableDownloadError(f"got {size} bytes from {url}, expected {total}")
+        raise _RetryableDownloadError(f"got {size} bytes from {url}, expected {total} (kept in {part})")
     return total
 
 

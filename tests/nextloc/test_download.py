@@ -245,8 +245,10 @@ def test_dropped_connection_without_retries_keeps_partial(server: LocalServer, t
     server.state.drop_after = half
     dest = tmp_path / "file.bin"
 
-    with pytest.raises(DownloadError, match="connection closed"):
+    with pytest.raises(DownloadError, match="connection closed") as info:
         download_file(server.url(), dest, chunk_size=CHUNK, timeout_s=5, retries=0)
+
+    assert str(_part(dest)) in str(info.value)  # the message names the file kept to resume
 
     assert _part(dest).read_bytes() == PAYLOAD[:half]
     assert not dest.exists()
