@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import io
+import lzma
 import os
 import subprocess
 import sys
@@ -65,6 +66,19 @@ def test_an_archive_without_data_is_an_error(tmp_path):
         tar.addfile(info, io.BytesIO(b""))
     with pytest.raises(FileNotFoundError, match="no GeoLife Data/"):
         extract_archive(empty, tmp_path / "raw")
+
+
+def test_a_corrupt_archive_is_an_error_naming_it_and_nothing_is_left(archive, tmp_path):
+    data = bytearray(archive.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    bad = tmp_path / "bad.tar.xz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises((OSError, tarfile.TarError, lzma.LZMAError)) as info:
+        extract_archive(bad, tmp_path / "raw")
+    assert str(bad) in " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert not (tmp_path / "raw").exists()
+    assert not (tmp_path / "raw.partial").exists()
 
 
 def test_a_process_that_waited_uses_what_its_predecessor_unpacked(archive, tmp_path):
