@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import lzma
 import os
 import shutil
 import stat
-import tarfile
 import time
-import zipfile
-import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from nextloc.download import _find_data_parent
+from nextloc.archives import (
+    UNREADABLE_ARCHIVE_ERRORS,
+    UNSAFE_MEMBER_ERRORS,
+    extract,
+    find_folder_holding,
+)
+from nextloc.atomic import atomic_path
 from nextloc.fingerprint import hash_file
 from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
-from nextloc.storage import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -119,54 +120,24 @@ def dump_fingerprint(path: Path) -> str:
 def unpack_dump(path: Path, staging: Path) -> Path:
     """The folder to read a dump from: the dump itself, or its archive unpacked safely into ``staging``.
 
+    Unpacking is :func:`nextloc.archives.extract`'s (compressed streams are read to the end, so their
+    checksums are verified; ``staging`` is removed again on any failure).
+
     Raises:
-        DumpRejected: for an unreadable or corrupt archive (compressed streams are read to the end, so
-            their checksums are verified), or members that would land outside ``staging``: absolute
-            paths, ``..``, links leading out, devices; zips may hold no links at all (nothing is kept then).
+        DumpRejected: for an unreadable or corrupt archive, or members that would land outside
+            ``staging``: absolute paths, ``..``, links leading out, devices; zips may hold no links at all
+            (nothing is kept then).
     """
     if path.is_dir():
         return path
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging.mkdir(parents=True)  # failing here is this machine's problem, not the dump's
     try:
-        if path.name.lower().endswith(".zip"):
-            from nextloc.download import UnsafeArchiveError, _check_member
-
-            with zipfile.ZipFile(path) as zf:
-                root = staging.resolve()
-                try:
-                    for info in zf.infolist():
-                        _check_member(info, root)
-                except UnsafeArchiveError as err:
-                    raise DumpRejected(f"{path.name}: unsafe archive member: {err}") from err
-                zf.extractall(staging)
-        else:
-            with tarfile.open(path) as tar:
-                try:
-                    tar.extractall(staging, filter="data")
-                except tarfile.FilterError as err:
-                    raise DumpRejected(f"{path.name}: unsafe archive member: {err}") from err
-                # a damaged member header ends a tar early without an error: read the (compressed) stream
-                # to its end so that its checksum (gzip, bz2, xz) is verified
-                while tar.fileobj.read(1 << 20):
-                    pass
-    # corrupt deflate/xz data raises zlib.error/LZMAError; an unsupported zip method NotImplementedError;
-    # an encrypted zip member RuntimeError: all mean the archive cannot be read, not a crash
-    except (
-        zipfile.BadZipFile,
-        tarfile.TarError,
-        EOFError,
-        OSError,
-        zlib.error,
-        lzma.LZMAError,
-        NotImplementedError,
-        RuntimeError,
-    ) as err:
-        shutil.rmtree(staging, ignore_errors=True)
+        extract(path, staging)  # removes staging again if it fails
+    except UNSAFE_MEMBER_ERRORS as err:
+        raise DumpRejected(f"{path.name}: unsafe archive member: {err}") from err
+    except UNREADABLE_ARCHIVE_ERRORS as err:
         raise DumpRejected(f"{path.name}: cannot read the archive: {err}") from err
-    except DumpRejected:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return staging
 
 
@@ -190,7 +161,7 @@ def plan_merge(
     """
     if not 0.0 <= max_bad_row_share <= 1.0:
         raise ValueError(f"max_bad_row_share must be in [0, 1], got {max_bad_row_share}")
-    root = _find_data_parent(dump_root) or dump_root  # a dump of bare NNN/ folders: the dump itself
+    root = find_folder_holding(dump_root, "Data") or dump_root  # a dump of bare NNN/ folders: the dump itself
     try:
         users, folder_report = list_user_dirs(root)
     except FileNotFoundError as err:

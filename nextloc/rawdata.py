@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import shutil
-import subprocess
 import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from nextloc.archives import extract, is_zip
+from nextloc.download import extract_geolife, fetch_geolife
+from nextloc.locks import exclusive_lock
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +63,6 @@ def locate_raw_data(
         raise FileNotFoundError(
             f"no GeoLife data: set ${ENV_DIR}, put Data/ under {default_dir}, or set ${ENV_ARCHIVE}"
         )
-    from nextloc.download import fetch_geolife
-
     try:
         path = fetch_geolife(default_dir.parent / "download")
     except OSError as err:
@@ -77,61 +75,31 @@ def locate_raw_data(
 def extract_archive(archive: Path, out_dir: Path) -> Path:
     """Unpack a ``.tar.xz``/``.tar.gz``/``.tar`` or ``.zip`` of GeoLife safely (no path escapes), atomically.
 
-    Uses the multi-threaded ``xz`` program when present (about 8 s for the full data on 2 cores). Processes
-    that unpack into the same ``out_dir`` take turns (an exclusive ``flock`` beside it, dropped by the
-    operating system if the holder dies): one that waited finds the data its predecessor unpacked and
-    returns it, so ``make run`` can unpack while it installs and the command then uses that.
+    Unpacking is :func:`nextloc.archives.extract`'s (the multi-threaded ``xz`` program when present: about
+    8 s for the full data on 2 cores). Processes that unpack into the same ``out_dir`` take turns
+    (:func:`nextloc.locks.exclusive_lock` on ``.<out_dir name>.unpack.lock`` beside it): one that waited
+    finds the data its predecessor unpacked and returns it, so ``make run`` can unpack while it installs
+    and the command then uses that.
     """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with _unpack_lock(out_dir):
+    lock = out_dir.with_name(f".{out_dir.name}.unpack.lock")
+    with exclusive_lock(
+        lock, on_wait=lambda: logger.info("waiting for another process unpacking into %s", out_dir)
+    ):
         if _has_data(out_dir):
             logger.info("%s was unpacked meanwhile by another process", out_dir)
             return out_dir
         return _extract(archive, out_dir)
 
 
-@contextlib.contextmanager
-def _unpack_lock(out_dir: Path) -> Iterator[None]:
-    fd = os.open(out_dir.with_name(f".{out_dir.name}.unpack.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if not _try_lock(fd):
-            logger.info("waiting for another process unpacking into %s", out_dir)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
 def _extract(archive: Path, out_dir: Path) -> Path:
-    if archive.suffix == ".zip":
-        from nextloc.download import extract_geolife
-
+    """A zip goes through :func:`extract_geolife`; a tar into ``<out_dir>.partial``, swapped in for
+    ``out_dir`` once it is known to hold ``Data/``.
+    """
+    if is_zip(archive):
         return extract_geolife(archive, out_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    logger.info("unpacking %s into %s", archive, out_dir)
-    try:
-        if str(archive).endswith(".xz") and shutil.which("xz"):
-            with subprocess.Popen(["xz", "-dc", "-T2", str(archive)], stdout=subprocess.PIPE) as proc:
-                with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
-                    tar.extractall(tmp, filter="data")
-                if proc.wait() != 0:
-                    raise OSError(f"xz failed on {archive} (exit {proc.returncode})")
-        else:
-            with tarfile.open(archive) as tar:
-                tar.extractall(tmp, filter="data")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-unpacked is left behind
-        raise
+    extract(archive, tmp)  # removes tmp again if it fails: nothing half-unpacked is left behind
     if not _has_data(tmp):
         shutil.rmtree(tmp, ignore_errors=True)
         raise FileNotFoundError(f"{archive} holds no GeoLife Data/ folder")

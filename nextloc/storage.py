@@ -1,18 +1,17 @@
 """Atomic, deterministic writes: a reader never sees a half-written file.
 
-Every writer goes to a temporary file in the destination folder and then ``os.replace``s it into place,
-so a crash leaves either the old file or the new one. Parquet output is deterministic: the same table
-gives the same bytes (fixed compression, no timestamps in the metadata).
+Every writer goes through :func:`nextloc.atomic.atomic_path` (a temporary file in the destination folder,
+then ``os.replace``), so a crash leaves either the old file or the new one. ``atomic_path`` and
+``remove_stale_temp_files`` live in :mod:`nextloc.atomic` (standard library only, for the modules that
+run before the environment is installed) and are re-exported here. Parquet output is deterministic: the
+same table gives the same bytes (fixed compression, no timestamps in the metadata).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,19 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from nextloc.atomic import atomic_path, remove_stale_temp_files, write_text_atomic
 from nextloc.fingerprint import hash_file
+
+__all__ = [
+    "PARQUET_OPTIONS",
+    "atomic_path",
+    "read_parquet",
+    "remove_stale_temp_files",
+    "write_json",
+    "write_parquet",
+    "write_text",
+    "write_with",
+]
 
 # zstd level 1 without dictionaries on numeric columns: on GeoLife's positionfixes (float coordinates,
 # timestamps) dictionary encoding is tried and abandoned per page, and level 3 buys ~20% size for 2-3x the
@@ -33,23 +44,6 @@ PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 1
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
     """Columns worth a dictionary: text (few distinct values, long)."""
     return [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-
-
-@contextmanager
-def atomic_path(path: Path):
-    """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_parquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
@@ -84,9 +78,8 @@ def _finite(value: Any) -> Any:
 
 
 def write_text(text: str, path: Path) -> str:
-    """Write text atomically; returns the file's fingerprint."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    """Write UTF-8 text atomically; returns the file's fingerprint."""
+    write_text_atomic(path, text)
     return hash_file(path)
 
 
@@ -100,17 +93,3 @@ def write_with(writer: Callable[[Path], None], path: Path) -> str:
 def read_parquet(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     """Read a parquet file into pandas (tz-aware timestamps stay tz-aware)."""
     return pq.read_table(path, columns=columns).to_pandas()
-
-
-def remove_stale_temp_files(root: Path) -> list[Path]:
-    """Delete the temporary files (``.<name>.*.tmp``) that writers killed mid-write left under ``root``.
-
-    Only call this while no writer can be active (``tasks.locking.data_dir_lock`` held); the final files
-    they were meant to replace are untouched, so nothing is lost.
-    """
-    removed = []
-    for tmp in Path(root).rglob(".*.tmp"):
-        if tmp.is_file():
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
-    return removed

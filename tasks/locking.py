@@ -1,26 +1,26 @@
 """One writer per data directory: runs that share a ``data_dir`` take turns instead of interleaving writes.
 
-``data_dir_lock(data_dir)`` takes an exclusive ``flock`` on ``<data_dir>/.nextloc.lock`` for the whole of
-a run. A second run on the same directory waits (logging who holds it) and then finds everything its
-predecessor wrote in the cache. The operating system drops the lock when the holder dies, SIGKILL
-included, so a crash never leaves a stale lock. Nested use in one process (``preprocess-train`` calling
-the ``preprocess`` and ``train`` flows) is re-entrant.
+``data_dir_lock(data_dir)`` holds :func:`nextloc.locks.exclusive_lock` on ``<data_dir>/.nextloc.lock``
+for the whole of a run. A second run on the same directory waits (logging who holds it: the holder writes
+its pid and start time into the lock file) and then finds everything its predecessor wrote in the cache.
+The operating system drops the lock when the holder dies, SIGKILL included, so a crash never leaves a
+stale lock. Nested use in one thread (``preprocess-train`` calling the ``preprocess`` and ``train``
+flows) is re-entrant; other threads wait like other processes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from nextloc.storage import remove_stale_temp_files
+from nextloc.atomic import remove_stale_temp_files
+from nextloc.locks import HeldLock, LockBusy, exclusive_lock
 
 logger = logging.getLogger("nextloc.lock")
 
@@ -43,16 +43,14 @@ def data_dir_lock(
         data_dir: the run's output folder (created if missing).
         timeout_s: give up after this long (``DataDirBusy``); None waits as long as it takes
             (``$NEXTLOC_LOCK_TIMEOUT_S`` overrides).
-        poll_s: how often to retry while waiting.
+        poll_s: how often to retry while waiting with a timeout.
     """
     root = Path(data_dir).resolve()
     key = (str(root), threading.get_ident())  # re-entrant within a thread; other threads wait like processes
     with _guard:
-        if key in _held:
+        reentrant = key in _held
+        if reentrant:
             _held[key] += 1
-            reentrant = True
-        else:
-            reentrant = False
     if reentrant:
         try:
             yield
@@ -63,13 +61,10 @@ def data_dir_lock(
     if timeout_s is None and os.environ.get("NEXTLOC_LOCK_TIMEOUT_S"):
         timeout_s = float(os.environ["NEXTLOC_LOCK_TIMEOUT_S"])
     root.mkdir(parents=True, exist_ok=True)
-    path = root / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        _acquire(fd, path, timeout_s, poll_s)
-        os.ftruncate(fd, 0)
+    with _locked(root / LOCK_NAME, timeout_s, poll_s) as held:
+        os.ftruncate(held.fd, 0)
         holder = {"pid": os.getpid(), "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
-        os.write(fd, json.dumps(holder).encode())
+        os.write(held.fd, json.dumps(holder).encode())
         with _guard:
             _held[key] = 1
         stale = remove_stale_temp_files(root)  # ours alone now: any temp file is from a killed writer
@@ -80,30 +75,27 @@ def data_dir_lock(
         finally:
             with _guard:
                 _held.pop(key, None)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
-def _acquire(fd: int, path: Path, timeout_s: float | None, poll_s: float) -> None:
-    started = time.monotonic()
-    announced = False
-    while True:
+@contextlib.contextmanager
+def _locked(path: Path, timeout_s: float | None, poll_s: float) -> Iterator[HeldLock]:
+    """:func:`nextloc.locks.exclusive_lock` saying who holds ``path`` while waiting and on a timeout."""
+
+    def announce() -> None:
+        logger.warning("%s is held by another run (%s); waiting for it to finish", path, _holder(path))
+
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if announced:
-                logger.info("got %s after %.0f s", path, time.monotonic() - started)
-            return
-        except BlockingIOError:
-            pass
-        if not announced:
-            logger.warning("%s is held by another run (%s); waiting for it to finish", path, _holder(path))
-            announced = True
-        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            held = stack.enter_context(
+                exclusive_lock(path, timeout_s=timeout_s, poll_s=poll_s, on_wait=announce)
+            )
+        except LockBusy as err:
             raise DataDirBusy(
                 f"{path.parent} is in use by another run ({_holder(path)}) for more than {timeout_s:.0f} s"
-            )
-        time.sleep(poll_s)
+            ) from err
+        if held.waited_s is not None:
+            logger.info("got %s after %.0f s", path, held.waited_s)
+        yield held
 
 
 def _holder(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""Tests for :mod:`nextloc.download` against a local HTTP server (no internet)."""
+"""Tests for :mod:`nextloc.http_download` and :mod:`nextloc.download` on a local HTTP server (offline)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import random
 import re
 import stat
 import threading
+import urllib.error
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,14 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from nextloc import download
-from nextloc.download import (
-    ChecksumError,
-    UnsafeArchiveError,
-    download_file,
-    extract_geolife,
-    fetch_geolife,
-)
+from nextloc import download, http_download
+from nextloc.download import UnsafeArchiveError, extract_geolife, fetch_geolife
+from nextloc.http_download import ChecksumError, DownloadError, download_file
 
 PAYLOAD = random.Random(1234).randbytes(300_000)
 PAYLOAD_SHA = hashlib.sha256(PAYLOAD).hexdigest()
@@ -133,7 +129,7 @@ def _no_proxy_no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    monkeypatch.setattr(download, "_RETRY_BACKOFF_S", 0.0)
+    monkeypatch.setattr(http_download, "_RETRY_BACKOFF_S", 0.0)
 
 
 @pytest.fixture
@@ -191,7 +187,7 @@ def test_download_without_checksum_records_sidecar(
     server: LocalServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     dest = tmp_path / "file.bin"
-    with caplog.at_level("INFO", logger="nextloc.download"):
+    with caplog.at_level("INFO", logger="nextloc.http_download"):
         download_file(server.url(), dest, chunk_size=CHUNK, timeout_s=5)
     assert dest.read_bytes() == PAYLOAD
     assert _sidecar(dest).read_text() == f"{PAYLOAD_SHA}  file.bin\n"
@@ -249,8 +245,10 @@ def test_dropped_connection_without_retries_keeps_partial(server: LocalServer, t
     server.state.drop_after = half
     dest = tmp_path / "file.bin"
 
-    with pytest.raises(download.DownloadError, match="connection closed"):
+    with pytest.raises(DownloadError, match="connection closed") as info:
         download_file(server.url(), dest, chunk_size=CHUNK, timeout_s=5, retries=0)
+
+    assert str(_part(dest)) in str(info.value)  # the message names the file kept to resume
 
     assert _part(dest).read_bytes() == PAYLOAD[:half]
     assert not dest.exists()
@@ -308,7 +306,7 @@ def test_existing_corrupt_file_is_downloaded_again(server: LocalServer, tmp_path
 
 
 def test_http_404_is_not_retried(server: LocalServer, tmp_path: Path) -> None:
-    with pytest.raises(download.urllib.error.HTTPError):
+    with pytest.raises(urllib.error.HTTPError):
         download_file(server.url("/missing"), tmp_path / "x.bin", timeout_s=5, retries=3)
     assert len(server.state.hits) == 1
 

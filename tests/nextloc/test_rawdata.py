@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import io
+import lzma
 import os
 import subprocess
 import sys
@@ -65,6 +66,19 @@ def test_an_archive_without_data_is_an_error(tmp_path):
         tar.addfile(info, io.BytesIO(b""))
     with pytest.raises(FileNotFoundError, match="no GeoLife Data/"):
         extract_archive(empty, tmp_path / "raw")
+
+
+def test_a_corrupt_archive_is_an_error_naming_it_and_nothing_is_left(archive, tmp_path):
+    data = bytearray(archive.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    bad = tmp_path / "bad.tar.xz"
+    bad.write_bytes(bytes(data))
+    with pytest.raises((OSError, tarfile.TarError, lzma.LZMAError)) as info:
+        extract_archive(bad, tmp_path / "raw")
+    assert str(bad) in " ".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert not (tmp_path / "raw").exists()
+    assert not (tmp_path / "raw.partial").exists()
 
 
 def test_a_process_that_waited_uses_what_its_predecessor_unpacked(archive, tmp_path):
@@ -134,3 +148,15 @@ def test_the_make_run_prefetch_never_fails_and_never_downloads(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "the job will find or fetch it" in done.stderr
     assert not (tmp_path / "data" / "raw" / "download").exists()
+
+
+def test_the_make_run_prefetch_needs_only_the_standard_library():
+    """``make raw-data`` runs before the environment is installed: its whole import chain is stdlib-only."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    code = (
+        "import sys\n"
+        "import nextloc.rawdata, nextloc.download, nextloc.archives, nextloc.locks, nextloc.atomic\n"
+        "assert not {'numpy', 'pandas', 'pyarrow', 'xxhash'} & set(sys.modules), sorted(sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
