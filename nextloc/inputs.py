@@ -35,14 +35,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nextloc.config import known_timezone
 from nextloc.geolife import POSITIONFIXES_SCHEMA, IngestIssue, IngestReport
+from nextloc.visits import (
+    COORDINATE_BOUNDS,
+    POSITIONFIX_COLUMNS,
+    REQUIRED_POSITIONFIX_COLUMNS,
+    VISIT_COLUMNS,
+    VISITS_SCHEMA,
+    parse_numbers,
+    parse_times,
+    short_text,
+)
 
 logger = logging.getLogger(__name__)
 
 InputFormat = Literal["geolife", "csv", "parquet", "gpx", "visits"]
 INPUT_FORMATS: tuple[str, ...] = ("geolife", "csv", "parquet", "gpx", "visits")
-POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude", "elevation")
-VISIT_COLUMNS = ("user_id", "started_at", "finished_at", "latitude", "longitude")
-_REQUIRED = {"positionfixes": ("user_id", "tracked_at", "latitude", "longitude"), "visits": VISIT_COLUMNS}
+_REQUIRED = {"positionfixes": REQUIRED_POSITIONFIX_COLUMNS, "visits": VISIT_COLUMNS}
 _SUFFIXES = {
     "csv": (".csv",),
     "parquet": (".parquet", ".pq"),
@@ -51,18 +59,6 @@ _SUFFIXES = {
 }
 _BATCH_ROWS = 1 << 20
 _MAX_USER_ID = np.iinfo(np.int32).max
-# A zone at the end of a time: Z, +08, +0800, +08:00 (only after a clock time, so "2008-10-23" is naive).
-_ZONE_RE = r"\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?\s*(?:[zZ]|UTC|[+-]\d{2}(?::?\d{2})?)$"
-
-VISITS_SCHEMA = pa.schema(
-    [
-        ("user_id", pa.int32()),
-        ("started_at", pa.timestamp("ns", tz="UTC")),
-        ("finished_at", pa.timestamp("ns", tz="UTC")),
-        ("latitude", pa.float64()),
-        ("longitude", pa.float64()),
-    ]
-)
 
 
 class InputSpec(BaseModel):
@@ -262,7 +258,7 @@ def _frames(
                 report.files_read += 1
         except (OSError, pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError, ValueError) as err:
             report.files_skipped += 1
-            report.add(IngestIssue(str(path), None, "unreadable_file", _short(str(err))))
+            report.add(IngestIssue(str(path), None, "unreadable_file", short_text(str(err))))
 
 
 def _csv_batches(path: Path, report: IngestReport) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
@@ -279,7 +275,7 @@ def _csv_batches(path: Path, report: IngestReport) -> Iterator[tuple[pd.DataFram
                 row.number,
                 "field_count",
                 f"expected {row.expected_columns} comma-separated fields, got {row.actual_columns}: "
-                f"{_short(row.text)!r}",
+                f"{short_text(row.text)!r}",
             ),
             rows=1,
         )
@@ -333,8 +329,7 @@ def _positionfix_batch(frame: pd.DataFrame, where: _Where, spec: InputSpec, repo
     bad = _empty_rows(frame, where, report)
     user = _user_ids(frame["user_id"], bad, where, report)
     tracked = _times(frame["tracked_at"], spec.timezone, "tracked_at", bad, where, report)
-    lat = _numbers(frame["latitude"], "latitude", 90.0, bad, where, report)
-    lon = _numbers(frame["longitude"], "longitude", 180.0, bad, where, report)
+    lat, lon = (_numbers(frame[c], c, COORDINATE_BOUNDS[c], bad, where, report) for c in COORDINATE_BOUNDS)
     if "elevation" in frame.columns:
         elev = _numbers(frame["elevation"], "elevation", None, bad, where, report, allow_empty=True)
     else:
@@ -360,8 +355,7 @@ def _visit_batch(frame: pd.DataFrame, where: _Where, spec: InputSpec, report: In
     user = _user_ids(frame["user_id"], bad, where, report)
     started = _times(frame["started_at"], spec.timezone, "started_at", bad, where, report)
     finished = _times(frame["finished_at"], spec.timezone, "finished_at", bad, where, report)
-    lat = _numbers(frame["latitude"], "latitude", 90.0, bad, where, report)
-    lon = _numbers(frame["longitude"], "longitude", 180.0, bad, where, report)
+    lat, lon = (_numbers(frame[c], c, COORDINATE_BOUNDS[c], bad, where, report) for c in COORDINATE_BOUNDS)
     backwards = ~bad & (finished < started)
     for i in np.flatnonzero(backwards):
         report.add(
@@ -399,7 +393,7 @@ def _report_rows(
     new = mask & ~bad
     for i in np.flatnonzero(new):
         report.add(
-            IngestIssue(where.path, int(where.line_of[i]), kind, f"{what}: {_short(values.iloc[i])!r}"),
+            IngestIssue(where.path, int(where.line_of[i]), kind, f"{what}: {short_text(values.iloc[i])!r}"),
             rows=1,
         )
     bad |= new
@@ -428,11 +422,7 @@ def _typed(values: pd.Series) -> bool:
 
 
 def _user_ids(values: pd.Series, bad: np.ndarray, where: _Where, report: IngestReport) -> np.ndarray:
-    if pd.api.types.is_numeric_dtype(values.dtype) and not pd.api.types.is_bool_dtype(values.dtype):
-        nums = values.to_numpy(np.float64, na_value=np.nan)  # what the text route gives, without the text
-    else:
-        text = values.astype("string").str.strip()
-        nums = pd.to_numeric(text, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    nums, _ = parse_numbers(values)
     ok = np.isfinite(nums) & (nums >= 0) & (nums <= _MAX_USER_ID) & (np.floor(nums) == nums)
     _report_rows(~ok, bad, values, where, report, "bad_user_id", "user_id is not a whole number 0..2^31-1")
     return np.where(ok, nums, 0).astype(np.int64)
@@ -448,15 +438,7 @@ def _numbers(
     *,
     allow_empty: bool = False,
 ) -> np.ndarray:
-    if pd.api.types.is_numeric_dtype(values.dtype) and not pd.api.types.is_bool_dtype(values.dtype):
-        nums = values.to_numpy(np.float64, na_value=np.nan)
-        empty = values.isna().to_numpy(bool)
-    else:
-        text = values.astype("string").str.strip()
-        empty = (text.isna() | (text == "")).to_numpy(bool)
-        # float() takes "3_9.9" and pandas takes " nan"; a number in a data file has neither
-        odd = text.str.contains(r"_|nan|inf", case=False, regex=True).fillna(False).to_numpy(bool)
-        nums = pd.to_numeric(text.mask(odd), errors="coerce").to_numpy(np.float64, na_value=np.nan)
+    nums, empty = parse_numbers(values)
     if allow_empty:
         nums = np.where(empty, np.nan, nums)
         ok = empty | np.isfinite(nums)
@@ -473,57 +455,13 @@ def _times(
     values: pd.Series, timezone: str, name: str, bad: np.ndarray, where: _Where, report: IngestReport
 ) -> np.ndarray:
     """UTC nanoseconds of each value (``0`` where bad); naive times are wall-clock times in ``timezone``."""
-    n = len(values)
-    out = np.zeros(n, np.int64)
-    dtype = values.dtype
-    if isinstance(dtype, pd.DatetimeTZDtype):
-        parsed = values.dt.tz_convert("UTC")
-    elif pd.api.types.is_datetime64_dtype(dtype):
-        parsed = values.dt.tz_localize(timezone, ambiguous="NaT", nonexistent="NaT").dt.tz_convert("UTC")
-    elif pd.api.types.is_numeric_dtype(dtype):
-        parsed = pd.Series(pd.NaT, index=values.index, dtype="datetime64[ns, UTC]")
-    else:
-        text = values.astype("string").str.strip()
-        zoned = text.str.contains(_ZONE_RE, regex=True).fillna(False).to_numpy(bool)
-        parsed = pd.Series(pd.NaT, index=values.index, dtype="datetime64[ns, UTC]")
-        if zoned.any():
-            parsed[zoned] = _to_datetime(text[zoned], utc=True)
-        if (~zoned).any():
-            local = _to_datetime(text[~zoned], utc=False)
-            if isinstance(local.dtype, pd.DatetimeTZDtype):  # pragma: no cover - naive by construction
-                local = local.dt.tz_convert("UTC")
-            else:
-                local = local.dt.tz_localize(timezone, ambiguous="NaT", nonexistent="NaT").dt.tz_convert(
-                    "UTC"
-                )
-            parsed[~zoned] = local
+    parsed = parse_times(values, timezone)
     ok = parsed.notna().to_numpy(bool)
     what = f"{name} is not a time (ISO 8601; no zone means {timezone}; DST gaps and repeats are refused)"
     _report_rows(~ok, bad, values, where, report, "bad_timestamp", what)
+    out = np.zeros(len(values), np.int64)
     out[ok] = parsed[ok].astype("int64").to_numpy()
     return out
-
-
-def _to_datetime(text: pd.Series, *, utc: bool) -> pd.Series:
-    try:
-        parsed = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=utc)
-    except (ValueError, TypeError, OverflowError):  # mixed zones and the like: value by value
-        parsed = pd.Series([_one_time(v, utc) for v in text], index=text.index)
-    if not isinstance(parsed.dtype, pd.DatetimeTZDtype) and not pd.api.types.is_datetime64_dtype(
-        parsed.dtype
-    ):
-        parsed = pd.to_datetime(parsed, errors="coerce", utc=utc)
-    return parsed.astype("datetime64[ns, UTC]") if utc else parsed.astype("datetime64[ns]")
-
-
-def _one_time(value: object, utc: bool) -> pd.Timestamp:
-    try:
-        ts = pd.Timestamp(str(value))
-    except (ValueError, TypeError, OverflowError):
-        return pd.NaT
-    if utc:
-        return ts.tz_convert("UTC") if ts.tzinfo else pd.NaT
-    return ts if ts.tzinfo is None else pd.NaT
 
 
 # --- GPX ---------------------------------------------------------------------------------------------
@@ -579,7 +517,7 @@ def read_gpx_user(
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             report.files_skipped += 1
-            report.add(IngestIssue(str(path), None, "unreadable_file", _short(str(err))))
+            report.add(IngestIssue(str(path), None, "unreadable_file", short_text(str(err))))
             continue
         if not text.strip():
             report.files_skipped += 1
@@ -590,7 +528,7 @@ def read_gpx_user(
         except (gpxpy.gpx.GPXException, ValueError) as err:
             report.files_skipped += 1
             report.add(
-                IngestIssue(str(path), None, "bad_gpx", f"not a readable GPX file: {_short(str(err))}")
+                IngestIssue(str(path), None, "bad_gpx", f"not a readable GPX file: {short_text(str(err))}")
             )
             continue
         report.files_read += 1
@@ -620,7 +558,7 @@ def _gpx_point(point, zone: ZoneInfo, cols: dict[str, list]) -> tuple[str, str] 
     lat, lon = point.latitude, point.longitude
     if lat is None or lon is None or not (np.isfinite(lat) and np.isfinite(lon)):
         return "non_numeric", f"lat/lon not finite numbers ({lat}, {lon})"
-    if abs(lat) > 90 or abs(lon) > 180:
+    if abs(lat) > COORDINATE_BOUNDS["latitude"] or abs(lon) > COORDINATE_BOUNDS["longitude"]:
         return "out_of_range", f"coordinates out of range (lat={lat}, lon={lon})"
     if point.time is None:
         return "bad_timestamp", "track point has no <time>"
@@ -638,8 +576,3 @@ def _gpx_point(point, zone: ZoneInfo, cols: dict[str, list]) -> tuple[str, str] 
 
 def _iso(ns: int) -> str:
     return pd.Timestamp(int(ns), tz="UTC").isoformat()
-
-
-def _short(value: object, limit: int = 80) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -50,13 +50,18 @@ from nextloc.novelty import novelty_features
 from nextloc.sequences import FIRST_PLACE, UNSEEN, add_time_features
 from nextloc.serving import PACKED_FEATURES, ModelBundle, pack_histories, packed_batch, top_k
 from nextloc.staypoints import create_activity_flag, generate_staypoints
+from nextloc.visits import (
+    HISTORY_ID,
+    POSITIONFIX_COLUMNS,
+    VISIT_COLUMNS,
+    parse_time,
+    validate_positionfixes,
+    validate_visits,
+)
 from nextloc.vocabulary import nearest_locations
 
 logger = logging.getLogger(__name__)
 
-VISIT_COLUMNS = ("user_id", "started_at", "finished_at", "latitude", "longitude")
-POSITIONFIX_COLUMNS = ("tracked_at", "latitude", "longitude")
-HISTORY_ID = "history_id"  # optional: several histories of one user in one input
 SAMPLE_COLUMNS = ("loc_hist", "start_min_hist", "weekday_hist", "duration_hist", "diff_hist", "user")
 
 
@@ -145,54 +150,6 @@ def read_history(source: str | Path, config: PreprocessConfig, user_id: int | No
     raise ValueError(f"{text}: unknown history format (expected .csv, .parquet, .json, .plt or a folder)")
 
 
-def validate_visits(frame: pd.DataFrame, source: str = "history") -> pd.DataFrame:
-    """Check visits row by row; return them with UTC times, float coordinates and int64 ``user_id``.
-
-    Times are ISO 8601 text or datetimes; a time without a zone is UTC (as GeoLife's). Rows are numbered
-    from 1 in messages (the line of a CSV file is the row + 1, after the header).
-
-    Raises:
-        ValueError: naming ``source``, the row and the field: a missing column, an empty history, an
-            unparsable time, a coordinate out of range or not a number, a visit ending before it starts,
-            a user id that is not an integer.
-    """
-    _require_columns(frame, VISIT_COLUMNS, source, "visits")
-    out = frame.reset_index(drop=True).copy()
-    out["user_id"] = _integers(out["user_id"], source, "user_id")
-    for column in ("started_at", "finished_at"):
-        out[column] = _times(out[column], source, column)
-    for column, bound in (("latitude", 90.0), ("longitude", 180.0)):
-        out[column] = _coordinates(out[column], source, column, bound)
-    backwards = np.flatnonzero((out["finished_at"] < out["started_at"]).to_numpy())
-    if len(backwards):
-        i = backwards[0]
-        raise ValueError(
-            f"{source} row {i + 1}: field 'finished_at' ({out['finished_at'][i]}) is before 'started_at' "
-            f"({out['started_at'][i]})"
-        )
-    if HISTORY_ID in out.columns:
-        out[HISTORY_ID] = out[HISTORY_ID].astype(str)
-    return out
-
-
-def validate_positionfixes(frame: pd.DataFrame, source: str = "positionfixes") -> pd.DataFrame:
-    """Check positionfixes (``tracked_at``, ``latitude``, ``longitude``, optional ``elevation``) row by row.
-
-    Raises:
-        ValueError: as :func:`validate_visits`, naming the row and the field.
-    """
-    _require_columns(frame, (*POSITIONFIX_COLUMNS, "user_id"), source, "positionfixes")
-    out = frame.reset_index(drop=True).copy()
-    out["user_id"] = _integers(out["user_id"], source, "user_id")
-    out["tracked_at"] = _times(out["tracked_at"], source, "tracked_at")
-    for column, bound in (("latitude", 90.0), ("longitude", 180.0)):
-        out[column] = _coordinates(out[column], source, column, bound)
-    out["elevation"] = (
-        pd.to_numeric(out["elevation"], errors="coerce").fillna(0.0) if "elevation" in out else 0.0
-    )
-    return out
-
-
 def visits_from_positionfixes(positionfixes: pd.DataFrame, config: PreprocessConfig) -> pd.DataFrame:
     """Staypoints of every user's fixes with the dataset's parameters, as visits (one row per staypoint).
 
@@ -203,7 +160,7 @@ def visits_from_positionfixes(positionfixes: pd.DataFrame, config: PreprocessCon
     frames = []
     for _, fixes in positionfixes.groupby("user_id", sort=False):
         result = generate_staypoints(
-            fixes[["user_id", "tracked_at", "latitude", "longitude", "elevation"]],
+            fixes[list(POSITIONFIX_COLUMNS)],
             config.staypoints,
             tripleg_gap_threshold_min=config.quality.tripleg_gap_threshold_min,
         )
@@ -465,15 +422,6 @@ def predict_visits(
     return predict(bundle, encode_visits(checked, bundle, stamp), k)
 
 
-def parse_time(value: str | pd.Timestamp, source: str = "input", field: str = "at") -> pd.Timestamp:
-    """One time (ISO 8601 text or a timestamp; no zone means UTC) as a UTC timestamp.
-
-    Raises:
-        ValueError: naming ``source`` and ``field`` if it is not a time.
-    """
-    return _times(pd.Series([value]), source, field).iloc[0]
-
-
 def _answers(
     bundle: ModelBundle,
     meta: pd.DataFrame,
@@ -608,56 +556,6 @@ def _staypoints_as_visits(fixes: pd.DataFrame, config: PreprocessConfig, source:
     return validate_visits(visits, source)
 
 
-def _require_columns(frame: pd.DataFrame, columns: Sequence[str], source: str, what: str) -> None:
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(
-            f"{source}: {what} lack column(s) {missing} (have {list(map(str, frame.columns))}); "
-            f"expected {list(columns)}"
-        )
-    if len(frame) == 0:
-        raise ValueError(f"{source}: empty history (no {what[:-1] if what.endswith('s') else what})")
-
-
-def _times(values: pd.Series, source: str, field: str) -> pd.Series:
-    """ISO text or datetimes -> tz-aware UTC; the first bad row is an error naming it."""
-    if isinstance(values.dtype, pd.DatetimeTZDtype):
-        return values.dt.tz_convert("UTC")
-    if pd.api.types.is_datetime64_dtype(values.dtype):
-        return values.dt.tz_localize("UTC")
-    parsed = pd.to_datetime(values, utc=True, errors="coerce", format="ISO8601")
-    bad = np.flatnonzero(parsed.isna().to_numpy())
-    if len(bad):
-        i = bad[0]
-        raise ValueError(
-            f"{source} row {i + 1}: field {field!r} is not a time: {_show(values.iloc[i])} "
-            "(expected ISO 8601, e.g. 2008-10-23T09:30:00Z; no zone means UTC)"
-        )
-    return parsed
-
-
-def _coordinates(values: pd.Series, source: str, field: str, bound: float) -> pd.Series:
-    numbers = pd.to_numeric(values, errors="coerce").astype(np.float64)
-    bad = np.flatnonzero(~(np.abs(numbers.to_numpy()) <= bound))  # NaN and out of range
-    if len(bad):
-        i = bad[0]
-        raise ValueError(
-            f"{source} row {i + 1}: field {field!r} = {_show(values.iloc[i])} is not a {field} in [-{bound:g}, {bound:g}]"
-        )
-    return numbers
-
-
-def _integers(values: pd.Series, source: str, field: str) -> pd.Series:
-    numbers = pd.to_numeric(values, errors="coerce")
-    bad = np.flatnonzero((numbers.isna() | (numbers != np.round(numbers))).to_numpy())
-    if len(bad):
-        i = bad[0]
-        raise ValueError(
-            f"{source} row {i + 1}: field {field!r} = {_show(values.iloc[i])} is not an integer id"
-        )
-    return numbers.astype(np.int64)
-
-
 def _ns(times: pd.Series) -> np.ndarray:
     return times.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy("datetime64[ns]").view(np.int64)
 
@@ -677,10 +575,6 @@ def _user_index(user_ids: np.ndarray, users: pd.DataFrame | None) -> np.ndarray:
 
 def _history_name(key: Any, user_id: int) -> str:
     return f"user {user_id}" if key == user_id else f"history {key!r} of user {user_id}"
-
-
-def _show(value: Any) -> str:
-    return repr(_plain(value))
 
 
 def _plain(value: Any) -> Any:

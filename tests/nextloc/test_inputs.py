@@ -91,6 +91,15 @@ class TestCsvHostile:
         assert times[0].isoformat() == "2008-10-23T02:53:04+00:00"
         assert report["rows_skipped"] == 0
 
+    def test_zoned_times_without_minutes_keep_their_zone(self, tmp_path):
+        """An hour-only or basic-format time with a zone is zoned (it crashed the reader before)."""
+        body = "1,2008-10-23T02Z,39.98,116.32,\n1,20081023T1000+0800,39.98,116.32,\n"
+        table, report = _read(_csv(tmp_path, body), timezone="Asia/Shanghai")
+        assert [t.isoformat() for t in table.column("tracked_at").to_pylist()] == [
+            "2008-10-23T02:00:00+00:00"
+        ] * 2
+        assert report["rows_skipped"] == 0
+
     def test_nonexistent_local_time_is_refused(self, tmp_path):
         body = GOOD + "1,2021-03-14 02:30:00,39.98,116.32,\n"  # a DST gap in New York
         table, report = _read(_csv(tmp_path, body), timezone="America/New_York")
@@ -131,6 +140,16 @@ class TestParquetHostile:
         assert table.num_rows == 1
         assert report.counts == {"out_of_range": 1, "non_numeric": 1}
         assert str(report.issues[0]).startswith(f"{path}:2: out_of_range")
+
+    def test_microsecond_timestamps_keep_their_time(self, tmp_path):
+        """A parquet timestamp in microseconds (Spark's, DuckDB's) is the same time in nanoseconds."""
+        path = tmp_path / "fixes.parquet"
+        at = pa.array([1_224_730_384_000_000], pa.timestamp("us"))  # 2008-10-23T02:53:04
+        pq.write_table(
+            pa.table({"user_id": [1], "tracked_at": at, "latitude": [39.9], "longitude": [116.3]}), path
+        )
+        table, _ = read_positionfix_files([path], InputSpec(format="parquet"))
+        assert table.column("tracked_at")[0].as_py().isoformat() == "2008-10-23T02:53:04+00:00"
 
     def test_typed_nulls_and_user_ids_are_checked_without_text(self, tmp_path):
         """Typed columns skip the text route (fast) and give the same verdicts: an all-null row is

@@ -436,6 +436,13 @@ class TestBadInput:
         rows.loc[0, "longitude"] = "east"
         assert "row 1: field 'longitude' = 'east'" in _bad(rows, tmp_path)
 
+    def test_a_boolean_is_not_a_coordinate(self) -> None:
+        """JSON ``true`` is not latitude 1 (the ingest readers refuse it too)."""
+        rows = visits(DAY1).astype({"latitude": object})
+        rows.loc[0, "latitude"] = True
+        with pytest.raises(ValueError, match="request row 1: field 'latitude' = True is not a latitude"):
+            validate_visits(rows, "request")
+
     def test_visit_ending_before_it_starts(self, tmp_path: Path) -> None:
         rows = visits(DAY1)
         rows.loc[1, "finished_at"] = "2008-10-20T09:30:00Z"
