@@ -87,7 +87,7 @@ class TestCsvHostile:
         assert report["rows_skipped"] == 0
 
     def test_zoned_times_without_minutes_keep_their_zone(self, tmp_path):
-        """An hour-only or basic-format time with a zone is zoned (it crashed the reader before)."""
+        """An hour-only or basic-format time with a zone is read in that zone, not as a naive time."""
         body = "1,2008-10-23T02Z,39.98,116.32,\n1,20081023T1000+0800,39.98,116.32,\n"
         table, report = _read(_csv(tmp_path, body), timezone="Asia/Shanghai")
         assert [t.isoformat() for t in table.column("tracked_at").to_pylist()] == [
