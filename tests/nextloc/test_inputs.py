@@ -1,4 +1,4 @@
-"""Hostile input for the readers beside GeoLife (nextloc/inputs.py), the profiles and the synthetic generator."""
+"""Hostile input for the readers beside GeoLife (nextloc/tabular.py, gpx.py), the profiles and the synthetic generator."""
 
 from __future__ import annotations
 
@@ -8,15 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nextloc.inputs import (
-    InputSpec,
-    parse_columns,
-    read_gpx_user,
-    read_positionfix_files,
-    read_visit_files,
-    split_by_user,
-)
+from nextloc.gpx import read_gpx_user
+from nextloc.inputs import InputSpec, parse_columns
 from nextloc.synth import SynthConfig, generate
+from nextloc.tabular import read_positionfix_files, read_visit_files, split_by_user
 
 HEADER = "user_id,tracked_at,latitude,longitude,elevation\n"
 GOOD = "1,2008-10-23T02:53:04Z,39.98,116.32,50\n"
@@ -91,6 +86,15 @@ class TestCsvHostile:
         assert times[0].isoformat() == "2008-10-23T02:53:04+00:00"
         assert report["rows_skipped"] == 0
 
+    def test_zoned_times_without_minutes_keep_their_zone(self, tmp_path):
+        """An hour-only or basic-format time with a zone is read in that zone, not as a naive time."""
+        body = "1,2008-10-23T02Z,39.98,116.32,\n1,20081023T1000+0800,39.98,116.32,\n"
+        table, report = _read(_csv(tmp_path, body), timezone="Asia/Shanghai")
+        assert [t.isoformat() for t in table.column("tracked_at").to_pylist()] == [
+            "2008-10-23T02:00:00+00:00"
+        ] * 2
+        assert report["rows_skipped"] == 0
+
     def test_nonexistent_local_time_is_refused(self, tmp_path):
         body = GOOD + "1,2021-03-14 02:30:00,39.98,116.32,\n"  # a DST gap in New York
         table, report = _read(_csv(tmp_path, body), timezone="America/New_York")
@@ -131,6 +135,16 @@ class TestParquetHostile:
         assert table.num_rows == 1
         assert report.counts == {"out_of_range": 1, "non_numeric": 1}
         assert str(report.issues[0]).startswith(f"{path}:2: out_of_range")
+
+    def test_microsecond_timestamps_keep_their_time(self, tmp_path):
+        """A parquet timestamp in microseconds (Spark's, DuckDB's) is the same time in nanoseconds."""
+        path = tmp_path / "fixes.parquet"
+        at = pa.array([1_224_730_384_000_000], pa.timestamp("us"))  # 2008-10-23T02:53:04
+        pq.write_table(
+            pa.table({"user_id": [1], "tracked_at": at, "latitude": [39.9], "longitude": [116.3]}), path
+        )
+        table, _ = read_positionfix_files([path], InputSpec(format="parquet"))
+        assert table.column("tracked_at")[0].as_py().isoformat() == "2008-10-23T02:53:04+00:00"
 
     def test_typed_nulls_and_user_ids_are_checked_without_text(self, tmp_path):
         """Typed columns skip the text route (fast) and give the same verdicts: an all-null row is
@@ -265,10 +279,11 @@ class TestSynth:
 class TestStreaming:
     def test_spilled_users_equal_split_by_user_of_the_whole(self, tmp_path, monkeypatch):
         """Batches spilled per user and read back give each user's rows of the whole read, in order."""
-        import nextloc.inputs as inputs
-        from nextloc.inputs import IngestReport, iter_positionfix_batches, read_spilled, spill_by_user
+        import nextloc.tabular as tabular
+        from nextloc.geolife import IngestReport
+        from nextloc.tabular import iter_positionfix_batches, read_spilled, spill_by_user
 
-        monkeypatch.setattr(inputs, "_BATCH_ROWS", 1000)  # many batches, users spread over them
+        monkeypatch.setattr(tabular, "_BATCH_ROWS", 1000)  # many batches, users spread over them
         path = tmp_path / "fixes.parquet"
         generate(SynthConfig(n_users=3, n_days=4, seed=2), "parquet", path)
         files, spec = [path], InputSpec(format="parquet")
@@ -284,9 +299,9 @@ class TestStreaming:
     def test_parquet_reader_does_not_keep_what_it_has_read(self, tmp_path, monkeypatch):
         """Arrow memory while streaming a parquet file stays about one batch, not the file: the reader's
         pre-buffer cache (on by default) kept every column chunk read, 9.4 GB for 400M fixes."""
-        import nextloc.inputs as inputs
+        import nextloc.tabular as tabular
 
-        monkeypatch.setattr(inputs, "_BATCH_ROWS", 10_000)
+        monkeypatch.setattr(tabular, "_BATCH_ROWS", 10_000)
         path = tmp_path / "fixes.parquet"
         table = pa.table(
             {"user_id": pa.array(range(400_000), pa.int64()), "x": pa.array(range(400_000), pa.float64())}
@@ -295,7 +310,7 @@ class TestStreaming:
         del table
         before = pa.total_allocated_bytes()
         held = 0
-        for frame, _ in inputs._parquet_batches(path):
+        for frame, _ in tabular._parquet_batches(path):
             held = max(held, pa.total_allocated_bytes() - before)
             del frame
         assert held < path.stat().st_size / 4, (held, path.stat().st_size)

@@ -22,15 +22,11 @@ from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
 from nextloc.dataset import build_dataset, locate_staypoints
 from nextloc.geolife import list_plt_files, read_user
+from nextloc.histories import encode_visits, sample_histories
+from nextloc.history_reader import read_history
 from nextloc.models import SeedEnsemble, build_model
 from nextloc.novelty import NewPlaceHead
-from nextloc.predict import (
-    encode_visits,
-    predict,
-    read_history,
-    sample_histories,
-    validate_visits,
-)
+from nextloc.predict import predict
 from nextloc.sequences import UNSEEN
 from nextloc.serving import (
     BUNDLE_FILE,
@@ -42,6 +38,7 @@ from nextloc.serving import (
     save_bundle,
 )
 from nextloc.staypoints import generate_staypoints
+from nextloc.visits import validate_visits
 from nextloc.vocabulary import location_vocabulary, user_vocabulary
 
 M_PER_DEG_LAT = 6_371_000.0 * np.pi / 180
@@ -435,6 +432,13 @@ class TestBadInput:
         rows["longitude"] = rows["longitude"].astype(object)
         rows.loc[0, "longitude"] = "east"
         assert "row 1: field 'longitude' = 'east'" in _bad(rows, tmp_path)
+
+    def test_a_boolean_is_not_a_coordinate(self) -> None:
+        """JSON ``true`` is not latitude 1 (the ingest readers refuse it too)."""
+        rows = visits(DAY1).astype({"latitude": object})
+        rows.loc[0, "latitude"] = True
+        with pytest.raises(ValueError, match="request row 1: field 'latitude' = True is not a latitude"):
+            validate_visits(rows, "request")
 
     def test_visit_ending_before_it_starts(self, tmp_path: Path) -> None:
         rows = visits(DAY1)

@@ -1,0 +1,299 @@
+"""Visits -> histories in the model's ids, exactly as preprocessing builds a sample's history.
+
+:func:`encode_visits` takes validated visits (:mod:`nextloc.visits`) of one or many users, in steps:
+
+1. **Which history** each visit belongs to: its ``history_id`` if the input has one (several questions
+   about one user), else its ``user_id``; the user is the raw (GeoLife) user id, and a user the model never
+   saw is said so (``known_user: false``) and scored as user ``0``.
+2. **The question's time**: ``at`` if given, else the end of the history's last visit.
+3. **Activities at known places**: only activities count (the dataset's ``activity_time_threshold_min``,
+   :func:`nextloc.staypoints.create_activity_flag`) that started before the question; each is the known
+   location with the nearest centre within the model's match radius, else a new place (``1``,
+   :func:`nextloc.vocabulary.nearest_locations`); consecutive visits of one location merge as in
+   preprocessing (:func:`nextloc.locations.merge_staypoints`). A new place keeps an id of its own while
+   merging, so that two new places never merge into one.
+4. **The window**: the visits that started in the ``previous_days`` days before the question (``diff``
+   counted in days in the dataset's timezone, as the samples' ``diff_hist``), at most the model's
+   ``max_history`` most recent; time features from :func:`nextloc.sequences.add_time_features` in the
+   dataset's timezone, durations capped at its ``duration_cap_min``.
+
+A samples table (:func:`sample_histories`) or the older packed JSON form (:func:`packed_histories`) is
+already in the model's ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from nextloc.config import PreprocessConfig
+from nextloc.data import pad_lists
+from nextloc.history_reader import RawHistory
+from nextloc.locations import merge_staypoints
+from nextloc.sequences import FIRST_PLACE, UNSEEN, add_time_features
+from nextloc.serving import PACKED_FEATURES, ModelBundle
+from nextloc.staypoints import create_activity_flag
+from nextloc.visits import HISTORY_ID
+from nextloc.vocabulary import nearest_locations
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Histories:
+    """Histories in the model's ids, ready to score.
+
+    Attributes:
+        packed: ``(B, T, 6)`` int64, :data:`nextloc.serving.PACKED_FEATURES`, right-padded with 0.
+        meta: one row per history (what the answer says about it: ``user_id``, ``known_user``, ``at``,
+            ``visits_used``, ``new_place_visits``, ...), in the order of the input.
+        visits: every visit of the request before each question (not only the window), for the routine
+            kinds: ``history``, ``started_at``, ``finished_at``, ``place`` (encoded), ``raw_place``; None
+            for histories that were never visits (a samples table).
+        at: ``(B,)`` each question's time (UTC), with ``visits``.
+    """
+
+    packed: np.ndarray
+    meta: pd.DataFrame
+    visits: pd.DataFrame | None = None
+    at: pd.Series | None = None
+
+
+def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | None = None) -> Histories:
+    """Visits of one or many users -> histories in the model's ids (see the module docstring).
+
+    Args:
+        visits: validated visits (:func:`nextloc.visits.validate_visits`); an optional ``history_id`` column
+            splits one user's visits into several histories (else one history per ``user_id``).
+        bundle: the model, its vocabulary and its dataset's config.
+        at: the prediction time for every history (tz-aware, or naive UTC); default: the end of each
+            history's last visit.
+
+    Returns:
+        The packed histories and one meta row per history, in order of first appearance in ``visits``.
+
+    Raises:
+        ValueError: the model has no location vocabulary, or a history has no visit left to score (none
+            is an activity that started within the window).
+    """
+    if bundle.locations is None:
+        raise ValueError(
+            f"the {bundle.kind} model was stored without a location vocabulary: it cannot read visits"
+        )
+    if not len(visits):
+        raise ValueError("empty history: no visit given")
+    v = visits.reset_index(drop=True)
+    keys = _history_keys(v)
+    at_ns = _question_times(v, keys, at)
+    at_utc = pd.to_datetime(at_ns, utc=True)
+    sp = _merged_activities(v, keys.hist, at_ns, bundle)  # sorted by (history, start_day, start_min)
+    request = _request_visits(sp)
+    sp, h, diff = _window(sp, at_utc, bundle)
+    lengths = _visits_per_history(h, keys, bundle.preprocess)
+    users = _user_index(keys.user_ids, bundle.users)
+    packed = _pack(sp, h, diff, lengths, users, bundle.preprocess)
+    meta = pd.DataFrame(
+        {
+            "user_id": keys.user_ids,
+            "known_user": users > 0,
+            "at": at_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "visits_used": lengths,
+            "new_place_visits": (packed[:, :, 0] == UNSEEN).sum(axis=1).astype(np.int64),
+        }
+    )
+    if HISTORY_ID in v.columns:
+        meta.insert(0, HISTORY_ID, np.asarray(keys.uniques, dtype=object))
+    logger.info(
+        "%d visits -> %d histories (%d visits used, %d of them at new places, %d unknown users)",
+        len(v),
+        len(keys.uniques),
+        int(lengths.sum()),
+        int(meta["new_place_visits"].sum()),
+        int((~meta["known_user"]).sum()),
+    )
+    return Histories(packed, meta, request, pd.Series(at_utc))
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """Which history each visit belongs to.
+
+    Attributes:
+        hist: ``(N,)`` each visit's history, ``0..H-1`` in order of first appearance.
+        uniques: ``(H,)`` each history's key (its ``history_id``, else its ``user_id``).
+        user_ids: ``(H,)`` each history's raw user id.
+    """
+
+    hist: np.ndarray
+    uniques: pd.Index
+    user_ids: np.ndarray
+
+
+def _history_keys(v: pd.DataFrame) -> _Keys:
+    keys = v[HISTORY_ID] if HISTORY_ID in v.columns else v["user_id"]
+    hist, uniques = pd.factorize(keys, sort=False)
+    first_row = np.full(len(uniques), len(v), dtype=np.int64)
+    np.minimum.at(first_row, hist, np.arange(len(v)))
+    if HISTORY_ID in v.columns:
+        per_history_users = v.groupby(hist)["user_id"].nunique()
+        if (per_history_users > 1).any():
+            bad = uniques[int(per_history_users.idxmax())]
+            raise ValueError(f"history_id {bad!r} holds visits of several users")
+    return _Keys(hist, uniques, v["user_id"].to_numpy(np.int64)[first_row])
+
+
+def _question_times(v: pd.DataFrame, keys: _Keys, at: pd.Timestamp | None) -> np.ndarray:
+    """Each history's prediction time in UTC nanoseconds: ``at``, else the end of its last visit."""
+    n_hist = len(keys.uniques)
+    if at is None:
+        at_ns = np.full(n_hist, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(at_ns, keys.hist, _ns(v["finished_at"]))
+        return at_ns
+    stamp = pd.Timestamp(at)
+    stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+    return np.full(n_hist, stamp.value, dtype=np.int64)
+
+
+def _merged_activities(
+    v: pd.DataFrame, hist: np.ndarray, at_ns: np.ndarray, bundle: ModelBundle
+) -> pd.DataFrame:
+    """The activities that started before their history's question, as places, merged, with time features;
+    ``user_id`` holds the history and ``location_id`` the place (a negative id for each new place)."""
+    cfg = bundle.preprocess
+    activity = create_activity_flag(v, cfg.staypoints.activity_time_threshold_min)["is_activity"].to_numpy()
+    keep = activity & (_ns(v["started_at"]) < at_ns[hist])
+    loc = nearest_locations(
+        v["latitude"].to_numpy(), v["longitude"].to_numpy(), bundle.locations, bundle.match_radius_m
+    )
+    merge_id = np.where(loc >= FIRST_PLACE, loc, -1 - np.arange(len(v)))
+    frame = v.loc[keep, ["started_at", "finished_at"]].reset_index(drop=True)
+    frame.insert(0, "user_id", hist[keep])
+    frame["location_id"] = merge_id[keep]
+    merged = merge_staypoints(frame, cfg.locations.merge_max_gap_min)
+    return add_time_features(merged, cfg.timezone)
+
+
+def _request_visits(sp: pd.DataFrame) -> pd.DataFrame:
+    """Every merged visit before each question, for the routine kinds (:attr:`Histories.visits`)."""
+    merge_ids = sp["location_id"].to_numpy(np.int64)
+    return pd.DataFrame(
+        {
+            "history": sp["user_id"].to_numpy(np.int64),
+            "started_at": sp["started_at"].to_numpy(),
+            "finished_at": sp["finished_at"].to_numpy(),
+            "place": np.where(merge_ids >= FIRST_PLACE, merge_ids, UNSEEN),
+            "raw_place": merge_ids,
+        }
+    )
+
+
+def _window(
+    sp: pd.DataFrame, at_utc: pd.DatetimeIndex, bundle: ModelBundle
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The visits within ``previous_days`` of their question (at most the ``max_history`` most recent),
+    each visit's history and its days before the question's day."""
+    cfg = bundle.preprocess
+    h = sp["user_id"].to_numpy(np.int64)
+    start_date = _local_day(sp["started_at"], cfg.timezone)
+    at_date = _local_day(pd.Series(at_utc), cfg.timezone)
+    diff = at_date[h] - start_date
+    in_window = diff <= cfg.samples.previous_days
+    sp = sp.loc[in_window].reset_index(drop=True)
+    h, diff = h[in_window], diff[in_window]
+    if bundle.max_history is not None:  # the most recent visits the model can take
+        recent = sp.groupby(h).cumcount(ascending=False).to_numpy() < bundle.max_history
+        sp, h, diff = sp.loc[recent].reset_index(drop=True), h[recent], diff[recent]
+    return sp, h, diff
+
+
+def _visits_per_history(h: np.ndarray, keys: _Keys, cfg: PreprocessConfig) -> np.ndarray:
+    """Visits left in each history; a history with none is an error naming it (the first five)."""
+    n_hist = len(keys.uniques)
+    lengths = np.bincount(h, minlength=n_hist)
+    empty = np.flatnonzero(lengths == 0)
+    if len(empty):
+        names = ", ".join(_history_name(keys.uniques[i], keys.user_ids[i]) for i in empty[:5])
+        raise ValueError(
+            f"empty history: {len(empty)} of {n_hist} histories have no visit to score ({names}"
+            f"{', ...' if len(empty) > 5 else ''}): a visit counts if it lasted more than "
+            f"{cfg.staypoints.activity_time_threshold_min:g} min and started in the "
+            f"{cfg.samples.previous_days} days before the prediction time"
+        )
+    return lengths
+
+
+def _pack(
+    sp: pd.DataFrame,
+    h: np.ndarray,
+    diff: np.ndarray,
+    lengths: np.ndarray,
+    users: np.ndarray,
+    cfg: PreprocessConfig,
+) -> np.ndarray:
+    """``(H, T, 6)`` in :data:`nextloc.serving.PACKED_FEATURES` order, right-padded with 0."""
+    location = sp["location_id"].to_numpy()
+    position = sp.groupby(h).cumcount().to_numpy()
+    packed = np.zeros((len(lengths), int(lengths.max()), len(PACKED_FEATURES)), dtype=np.int64)
+    packed[h, position, 0] = np.where(location >= FIRST_PLACE, location, UNSEEN)
+    packed[h, position, 1] = sp["start_min"].to_numpy()
+    packed[h, position, 2] = sp["weekday"].to_numpy()
+    packed[h, position, 3] = np.minimum(sp["duration"].to_numpy(), cfg.samples.duration_cap_min)
+    packed[h, position, 4] = diff
+    packed[:, :, 5] = users[:, None]
+    return packed
+
+
+def sample_histories(table: pa.Table) -> Histories:
+    """The histories of a samples table (already in the model's ids), packed without a Python loop; times
+    and durations in minutes as the table holds them (the scorer bins them as training does)."""
+    lengths = table.column("hist_len").to_numpy().astype(np.int64)
+    width = max(int(lengths.max()) if len(lengths) else 1, 1)
+    packed = np.zeros((len(lengths), width, len(PACKED_FEATURES)), dtype=np.int64)
+    for j, column in enumerate(("loc_hist", "start_min_hist", "weekday_hist", "duration_hist", "diff_hist")):
+        packed[:, :, j] = pad_lists(table.column(column), lengths, width)
+    packed[:, :, 5] = table.column("user").to_numpy().astype(np.int64)[:, None]
+    meta = pd.DataFrame({"user_id": table.column("user_id").to_numpy().astype(np.int64)})
+    meta["known_user"] = packed[:, 0, 5] > 0
+    if "staypoint_id" in table.column_names:
+        meta["staypoint_id"] = table.column("staypoint_id").to_numpy()
+    return Histories(packed, meta)
+
+
+def packed_histories(packed: np.ndarray) -> Histories:
+    """Histories already packed in the model's ids (the older JSON form): no raw user id is known."""
+    return Histories(packed, pd.DataFrame({"user": packed[:, 0, 5]}))
+
+
+def to_histories(raw: RawHistory, bundle: ModelBundle, at: pd.Timestamp | None = None) -> Histories:
+    """Any :class:`RawHistory` -> :class:`Histories` for ``bundle``."""
+    if raw.kind == "visits":
+        return encode_visits(raw.data, bundle, at)
+    if raw.kind == "samples":
+        return sample_histories(raw.data)
+    return packed_histories(raw.data)
+
+
+def _ns(times: pd.Series) -> np.ndarray:
+    return times.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy("datetime64[ns]").view(np.int64)
+
+
+def _local_day(times: pd.Series, timezone: str) -> np.ndarray:
+    """Whole days since the epoch of each time's wall-clock date in ``timezone``."""
+    local = times.dt.tz_convert(timezone).dt.tz_localize(None).dt.normalize()
+    return local.to_numpy("datetime64[D]").astype(np.int64)
+
+
+def _user_index(user_ids: np.ndarray, users: pd.DataFrame | None) -> np.ndarray:
+    if users is None or not len(users):
+        return np.zeros(len(user_ids), dtype=np.int64)
+    lookup = pd.Series(users["user_index"].to_numpy(np.int64), index=users["user_id"].to_numpy(np.int64))
+    return lookup.reindex(user_ids).fillna(0).to_numpy(np.int64)
+
+
+def _history_name(key: Any, user_id: int) -> str:
+    return f"user {user_id}" if key == user_id else f"history {key!r} of user {user_id}"
