@@ -91,11 +91,11 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any
 
 import numpy as np
 import torch
@@ -104,11 +104,12 @@ from torch import nn
 
 from nextloc.data import SampleTensors, by_length
 from nextloc.metrics import MetricAccumulator
-from nextloc.models import ENSEMBLES, check_model_overrides
 from nextloc.models import dropout as dropout_draws
 from nextloc.models.dropout import pcg64_dropout, prefetched_dropout, streams_dropout
 from nextloc.models.ensemble import SeedEnsemble
+from nextloc.overrides import check_kind_overrides as check_kind_overrides  # re-exported
 from nextloc.storage import atomic_path
+from nextloc.train_config import TrainConfig as TrainConfig  # re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -120,122 +121,6 @@ REFIT_CHECKPOINT = "refit.pt"
 _RESUME_KEYS = frozenset(
     {"format", "fingerprint", "progress", "model", "optimizer", "scheduler", "scaler", "ema", "rng"}
 )
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation recipe; ``TrainConfig.for_recipe("pointer")`` gives the pointer's values.
-
-    ``mhsa`` and ``pointer`` differ from the reference recipes only in their batches: ``for_recipe(kind,
-    bucket=False)`` gives the reference's plain shuffled batches.
-    """
-
-    recipe: Literal["mhsa", "pointer"] = "mhsa"
-    batch_size: int = 32
-    eval_batch_size: int = 512
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 1e-6
-    label_smoothing: float = 0.0
-    clip_norm: float = 1.0
-    max_epochs: int = 100
-    warmup_epochs: int = 2
-    decay_epochs: int = 50
-    min_lr: float = 1e-6
-    patience: int = 3
-    min_epochs: int = 0
-    es_delta: float = 1e-3
-    lr_drops: int = 2
-    monitor: Literal["val_loss", "val_acc@1", "val_mrr", "val_place_acc@1", "val_place_mrr"] = "val_loss"
-    ema_decay: float = 0.0
-    select_best: bool = True
-    refit_on_train_val: bool = False
-    drop_last: bool = True
-    bucket: bool = False
-    # batches per length-sorted pool when ``bucket`` (nextloc.data.SampleTensors.batches)
-    bucket_pool: int = 50
-    amp: bool = True
-    seed: int = 0
-    deterministic: bool = True
-    num_threads: int | None = None
-    # CPU: where dropout's masks come from (nextloc.models.dropout): "torch", F.dropout's draws from torch's
-    # global generator (the reference's bits); "pcg64", a NumPy PCG64 stream of its own (about a tenth of the
-    # cost, other masks). CUDA: F.dropout either way
-    dropout_rng: Literal["torch", "pcg64"] = "torch"
-    # CPU, dropout_rng="torch": draw the masks on a background thread; same results either way
-    prefetch_dropout: bool = True
-    # CPU: validate each epoch on a thread while the next one trains (rolled back when the check changes
-    # the recipe's course: an early stop or the end); same results either way
-    overlap_validation: bool = True
-
-    def __post_init__(self) -> None:
-        for name, hint in get_type_hints(type(self)).items():  # a misspelt choice fails here, before any work
-            allowed = get_args(hint) if get_origin(hint) is Literal else ()
-            if allowed and getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"training option {name}={getattr(self, name)!r}: expected one of {list(allowed)}"
-                )
-        if self.bucket_pool < 1:
-            raise ValueError(f"bucket_pool must be >= 1 batch, got {self.bucket_pool}")
-
-    @classmethod
-    def for_recipe(cls, recipe: str, /, **overrides: Any) -> TrainConfig:
-        """The recipe of a model kind (``mhsa``/``lstm``, ``pointer``, ``pointer_plus[_refit]``) with overrides."""
-        if recipe in ("mhsa", "mhsa_diagonal"):
-            base = cls(recipe="mhsa", bucket=True, bucket_pool=8)
-        elif recipe == "lstm":
-            base = cls(recipe="mhsa", dropout_rng="pcg64")
-        elif recipe in ("pointer", "pointer_plus", "pointer_plus_refit"):
-            base = cls(
-                recipe="pointer",
-                batch_size=128,
-                lr=6.5e-4,
-                betas=(0.9, 0.98),
-                eps=1e-9,
-                weight_decay=0.015,
-                label_smoothing=0.03,
-                clip_norm=0.8,
-                max_epochs=50,
-                warmup_epochs=5,
-                decay_epochs=45,
-                patience=5,
-                min_epochs=8,
-                es_delta=0.0,
-                lr_drops=0,
-                drop_last=False,
-                bucket=True,
-                bucket_pool=4,
-                dropout_rng="pcg64",
-            )
-            if recipe in ("pointer_plus", "pointer_plus_refit"):
-                # nextloc's schedule: a cosine that anneals within 15 epochs. pointer_plus chooses the epoch
-                # on validation place MRR (the product's metric) and stays on train (the reference data
-                # budget); pointer_plus_refit, the earlier recipe, chooses the epoch count on validation
-                # (reference) MRR and then refits on train + val.
-                refit = recipe == "pointer_plus_refit"
-                base = replace(
-                    base,
-                    monitor="val_mrr" if refit else "val_place_mrr",
-                    warmup_epochs=3,
-                    decay_epochs=15,
-                    max_epochs=20,
-                    patience=3,
-                    min_epochs=0,
-                    refit_on_train_val=refit,
-                    bucket_pool=50,
-                )
-        else:
-            raise ValueError(
-                f"unknown recipe {recipe!r}; expected one of "
-                "['mhsa', 'lstm', 'pointer', 'pointer_plus', 'pointer_plus_refit']"
-            )
-        unknown = set(overrides) - set(asdict(base))
-        if unknown:
-            raise ValueError(f"unknown training option(s) {sorted(unknown)}")
-        if "betas" in overrides:
-            overrides["betas"] = tuple(overrides["betas"])
-        return replace(base, **overrides)
 
 
 @dataclass
@@ -279,22 +164,6 @@ class _Progress:
     seconds_to_best: float = 0.0
     n_trained: int = 0
     train_loop_seconds: float = 0.0
-
-
-def check_kind_overrides(kind: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> None:
-    """Raise what training ``kind`` (a model kind or a seed ensemble) with these overrides would, building
-    nothing: a key that is not a field of the kind's model config, or a training option
-    :meth:`TrainConfig.for_recipe` rejects (its name or value).
-
-    Raises:
-        ValueError: naming the kind and the key.
-    """
-    member = ENSEMBLES.get(kind, (kind, 0))[0]
-    try:
-        check_model_overrides(member, model)
-        TrainConfig.for_recipe(member, **train)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{kind}: {err}") from err
 
 
 def resolve_device(device: str = "auto") -> torch.device:
