@@ -3,6 +3,21 @@
 raw GeoLife .plt -> positionfixes -> staypoints -> locations -> samples -> train (models x seeds) ->
 evaluate -> register and promote -> summary. Every task is cached, so a rerun on unchanged input and
 config is all cache hits (training included) and a changed model parameter retrains only that model.
+
+``raw_dir`` defaults to $NEXTLOC_GEOLIFE_DIR, ``data/raw/geolife``, a local archive, or the download.
+``task_runner="dask"`` fans per-user work out to a new ``LocalCluster`` of ``dask_workers`` processes, or to
+the cluster at ``dask_address``; ``dbscan_tiles`` > 0 runs the dataset-level DBSCAN by that many spatial
+tiles there too (same ids).
+
+Each dataset profile is deployed as ``preprocess-train/<name>`` with the parameters :func:`profile_parameters`
+gives it (``flows/serve.py``); a section passed at run time replaces the profile's section.
+
+Promotion (the one champion rule, :mod:`tasks.promotion`): per model kind, the seed best on ``promote_metric``
+(validation) is the challenger version; it takes the ``champion`` alias only if the kind's seeds beat the
+current champion on test ``decision_metric`` (a place metric by default) by at least ``min_effect`` points
+with a paired bootstrap p < 0.05, both scored on this run's test samples (a champion from earlier data reads
+them in its own ids, matched within ``match_radius_m``). The test, the p-value, per-user-group differences
+and the decision go to the MLflow parent run.
 """
 
 from __future__ import annotations
@@ -24,6 +39,8 @@ from nextloc.config import (
     StaypointConfig,
 )
 from nextloc.inputs import InputFormat
+from nextloc.models.registry import neural_kinds
+from nextloc.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from nextloc.profiles import DatasetProfile
 from tasks import tracking
 from tasks.locking import data_dir_lock
@@ -36,7 +53,7 @@ from tasks.promotion import (
     SelectMetric,
 )
 from tasks.runners import make_task_runner
-from tasks.train import NEURAL, ModelKind, check_overrides
+from tasks.train import ModelKind
 
 Seed = Annotated[int, Field(ge=0)]
 
@@ -60,8 +77,8 @@ def preprocess_train(
     samples: SampleConfig = SampleConfig(),
     models: list[ModelKind] = DEFAULT_MODELS,
     seeds: Annotated[list[Seed], Field(min_length=1)] = [0],  # noqa: B006 (a JSON default for the UI)
-    model_overrides: dict[str, dict[str, Any]] | None = None,
-    train_overrides: dict[str, dict[str, Any]] | None = None,
+    model_overrides: ModelOverrides | None = None,
+    train_overrides: TrainOverrides | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     workers: Annotated[int, Field(ge=1)] = 2,
     promote_metric: SelectMetric = DEFAULT_PROMOTE_METRIC,
@@ -77,26 +94,14 @@ def preprocess_train(
     mlflow_ui_url: str | None = None,
 ) -> dict[str, Any]:
     """Preprocess trajectories (GeoLife by default), train and evaluate every model x seed, register and
-    promote, summarise.
+    promote, summarise (the module docstring has the details).
 
     Parameters are typed and validated (by pydantic, through Prefect) before any work starts. The config
     sections (``staypoints``, ``locations``, ...) take partial JSON: ``--param locations='{"epsilon_m": 50}'``
-    sets one key and keeps the other defaults. ``raw_dir`` defaults to $NEXTLOC_GEOLIFE_DIR,
-    ``data/raw/geolife``, a local archive, or the download. ``task_runner="dask"`` fans per-user work out
-    to a new ``LocalCluster`` of ``dask_workers`` processes, or to the cluster at ``dask_address``;
-    ``dbscan_tiles`` > 0 runs the dataset-level DBSCAN by that many spatial tiles there too (same ids).
-    Each dataset profile is deployed as ``preprocess-train/<name>`` with the parameters
-    :func:`profile_parameters` gives it (``flows/serve.py``); a section passed at run time replaces the
-    profile's section.
-
-    Promotion (the one champion rule, :mod:`tasks.promotion`): per model kind, the seed best on
-    ``promote_metric`` (validation) is the challenger version; it takes the ``champion`` alias only if the
-    kind's seeds beat the current champion on test ``decision_metric`` (a place metric by default) by at
-    least ``min_effect`` points with a paired bootstrap p < 0.05, both scored on this run's test samples
-    (a champion from earlier data reads them in its own ids, matched within ``match_radius_m``). The test,
-    the p-value, per-user-group differences and the decision go to the MLflow parent run.
+    sets one key and keeps the other defaults; ``model_overrides`` / ``train_overrides`` set keys of a neural
+    kind's model config and training recipe (``{"mhsa": {"max_epochs": 2}}``, :mod:`nextloc.overrides`).
     """
-    check_overrides(model_overrides, train_overrides)  # before the preprocessing, not after it
+    per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)  # before any work
     config = PreprocessConfig(
         timezone=timezone,
         staypoints=staypoints,
@@ -106,12 +111,7 @@ def preprocess_train(
         samples=samples,
     )
     with data_dir_lock(data_dir):  # one writer per data directory (re-entrant for the subflows)
-        if input_format == "geolife":
-            found = resolve_raw_dir(raw_dir)
-        elif raw_dir and Path(raw_dir).exists():
-            found = raw_dir
-        else:
-            raise FileNotFoundError(f"raw_dir {raw_dir!r} does not exist ({input_format} input)")
+        found = _raw_input(input_format, raw_dir)
         runner = make_task_runner(task_runner, dask_workers, dask_address)
         preprocessed = preprocess.with_options(task_runner=runner)(
             raw_dir=found,
@@ -126,8 +126,8 @@ def preprocess_train(
             data_dir=preprocessed["data_dir"],
             models=list(models),
             seeds=list(seeds),
-            model_overrides=model_overrides or {},
-            train_overrides=train_overrides or {},
+            model_overrides=per_kind_model,
+            train_overrides=per_kind_train,
             tracking_uri=tracking_uri,
             experiment=experiment,
             device=device,
@@ -138,14 +138,25 @@ def preprocess_train(
         )
         summary = publish_summary(preprocessed, trained, tracking_uri, experiment, mlflow_ui_url)
         return {
-            "data_dir": preprocessed["data_dir"],
-            "stats": preprocessed["stats"],
-            "ingest": preprocessed["ingest"],
+            **{key: preprocessed[key] for key in ("data_dir", "stats", "ingest", "users_run")},
             "preprocess_flow_run_id": preprocessed["flow_run_id"],
-            "users_run": preprocessed["users_run"],
             **trained,
             "summary": summary,
         }
+
+
+def _raw_input(input_format: str, raw_dir: str | None) -> str:
+    """Where the raw input is: GeoLife's is found (:func:`tasks.pipeline.resolve_raw_dir`), another format's
+    must exist.
+
+    Raises:
+        FileNotFoundError: naming the missing path.
+    """
+    if input_format == "geolife":
+        return resolve_raw_dir(raw_dir)
+    if raw_dir and Path(raw_dir).exists():
+        return raw_dir
+    raise FileNotFoundError(f"raw_dir {raw_dir!r} does not exist ({input_format} input)")
 
 
 def profile_parameters(
@@ -174,7 +185,7 @@ def profile_parameters(
     """
     config = config or profile.config()
     if kinds is None:
-        kinds = [k for k in NEURAL if k in profile.models or k in profile.train]
+        kinds = [k for k in neural_kinds() if k in profile.models or k in profile.train]
     model_overrides, train_overrides = profile.presets(kinds, model_set, train_set)
     sections = config.model_dump(mode="json")
     return {

@@ -18,6 +18,7 @@ from pydantic import Field
 from flows.pipeline import preprocess_train
 from flows.train import DEFAULT_MODELS
 from nextloc.dumps import DEFAULT_MAX_BAD_ROW_SHARE
+from nextloc.overrides import ModelOverrides, TrainOverrides
 from tasks.dumps import merge_new_dumps
 from tasks.locking import data_dir_lock
 from tasks.promotion import DEFAULT_DECISION_METRIC, DecisionMetric
@@ -31,8 +32,8 @@ def retrain(
     data_dir: str = "data/geolife",
     models: list[ModelKind] = DEFAULT_MODELS,
     seeds: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = [0],  # noqa: B006
-    model_overrides: dict[str, dict[str, Any]] | None = None,
-    train_overrides: dict[str, dict[str, Any]] | None = None,
+    model_overrides: ModelOverrides | None = None,
+    train_overrides: TrainOverrides | None = None,
     decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
     min_age_s: Annotated[float, Field(ge=0)] = 60.0,
     max_bad_row_share: Annotated[float, Field(ge=0, le=1)] = DEFAULT_MAX_BAD_ROW_SHARE,

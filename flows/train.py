@@ -12,6 +12,7 @@ from pydantic import Field
 from nextloc.evaluate import leaderboard
 from nextloc.fingerprint import hash_file
 from nextloc.metrics import HEADLINE
+from nextloc.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from nextloc.sequences import SPLITS
 from tasks import tracking
 from tasks.caching import Artifact, cached_result
@@ -27,7 +28,7 @@ from tasks.promotion import (
     champion_challenger,
 )
 from tasks.runners import share_api_with_workers, training_runner
-from tasks.train import DataRef, TrackingConfig, check_overrides, train_model_task
+from tasks.train import DataRef, ModelKind, TrackingConfig, train_model_task
 
 DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus", "ranker"]
 
@@ -40,10 +41,10 @@ DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus", "ranker"]
 )
 def train(
     data_dir: str = "data/geolife",
-    models: list[str] | None = None,
+    models: list[ModelKind] | None = None,
     seeds: list[int] | None = None,
-    model_overrides: dict[str, dict[str, Any]] | None = None,
-    train_overrides: dict[str, dict[str, Any]] | None = None,
+    model_overrides: ModelOverrides | None = None,
+    train_overrides: TrainOverrides | None = None,
     tracking_uri: str | None = None,
     experiment: str = tracking.DEFAULT_EXPERIMENT,
     device: str = "auto",
@@ -60,9 +61,10 @@ def train(
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=training_runner(n))`` runs ``n`` at once;
     separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
-    these small models train about twice as fast that way.
+    these small models train about twice as fast that way. Overrides (:mod:`nextloc.overrides`) are
+    checked before any work.
     """
-    check_overrides(model_overrides, train_overrides)
+    per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)
     logger = get_run_logger()
     models = models or DEFAULT_MODELS
     seeds = seeds if seeds is not None else [0]
@@ -74,15 +76,13 @@ def train(
         parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
         name = tracking.parent_run_name(datetime.now(UTC), models)
         with tracking.parent_run(experiment_id, name, parent_tags, parent_params) as parent_id:
-            cache = Catalog(data.data_dir).cache
-            task = train_model_task.with_options(result_storage=cache)
             calls = [
                 {
                     "kind": kind,
                     "seed": seed,
                     "data": data,
-                    "model_overrides": (model_overrides or {}).get(kind, {}),
-                    "train_overrides": (train_overrides or {}).get(kind, {}),
+                    "model_overrides": per_kind_model.get(kind, {}),
+                    "train_overrides": per_kind_train.get(kind, {}),
                     "tracking_cfg": tracking_cfg,
                     "parent_run_id": parent_id,
                     "device": device,
@@ -90,37 +90,11 @@ def train(
                 for kind in models
                 for seed in seeds
             ]
-            # cached trainings are read back here: no worker process starts for them
-            cached = [cached_result(task, call, cache) for call in calls]
-            if not all(hit for hit, _ in cached):
-                share_api_with_workers()
-            futures = {
-                i: task.submit(**call)
-                for i, (call, (hit, _)) in enumerate(zip(calls, cached, strict=True))
-                if not hit
-            }
-            done = dict(
-                zip(futures, track(list(futures.values()), f"training ({len(futures)} runs)"), strict=True)
-            )
-            results = [done.get(i, value) for i, (_, value) in enumerate(cached)]
-            logger.info("trainings: %d cached, %d run", len(calls) - len(futures), len(futures))
+            results = _run_trainings(calls, Catalog(data.data_dir).cache)
             board = leaderboard([(r["kind"], r["results"]) for r in results])
-            decisions = {}
-            if promote:
-                decisions = {
-                    kind: champion_challenger(
-                        kind,
-                        results,
-                        data,
-                        decision_metric,
-                        promote_metric,
-                        tracking_cfg,
-                        parent_id,
-                        match_radius_m,
-                        min_effect,
-                    )
-                    for kind in dict.fromkeys(models)
-                }
+            rule = (decision_metric, promote_metric, tracking_cfg, parent_id, match_radius_m, min_effect)
+            kinds = dict.fromkeys(models) if promote else {}
+            decisions = {k: champion_challenger(k, results, data, *rule) for k in kinds}
             tracking.log_leaderboard(parent_id, board, results, decisions)
         logger.info(
             "leaderboard (test %s): %s",
@@ -135,6 +109,23 @@ def train(
             "data": data,
             "experiment_id": experiment_id,
         }
+
+
+def _run_trainings(calls: list[dict[str, Any]], cache: Any) -> list[dict[str, Any]]:
+    """Each call's result, in order: a cached one read back here (no worker process starts for it), the
+    others trained on the flow's task runner."""
+    task = train_model_task.with_options(result_storage=cache)
+    cached = [cached_result(task, call, cache) for call in calls]
+    if not all(hit for hit, _ in cached):
+        share_api_with_workers()
+    futures = {
+        i: task.submit(**call)
+        for i, (call, (hit, _)) in enumerate(zip(calls, cached, strict=True))
+        if not hit
+    }
+    done = dict(zip(futures, track(list(futures.values()), f"training ({len(futures)} runs)"), strict=True))
+    get_run_logger().info("trainings: %d cached, %d run", len(calls) - len(futures), len(futures))
+    return [done.get(i, value) for i, (_, value) in enumerate(cached)]
 
 
 def _prefect_tags() -> dict[str, str]:

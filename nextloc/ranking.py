@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 
 from nextloc.data import SampleTensors
+from nextloc.models import registry
+from nextloc.models.registry import kinds
 from nextloc.routine import (
     CANDIDATE_FEATURES,
     Queries,
@@ -247,9 +249,6 @@ def log_probabilities(candidates: CandidateSet, scores: np.ndarray, popularity: 
     return out.astype(np.float32).reshape(candidates.n, v)
 
 
-ROUTINE_KINDS: dict[str, type] = {"routine": RoutineRule, "ranker": RoutineRanker}
-
-
 @dataclass(frozen=True)
 class RoutineData:
     """A dataset's routine (every visit indexed once) and each split's questions with their candidates.
@@ -294,7 +293,7 @@ class RoutineData:
             return RoutineRanker(seed).fit(
                 self.candidates["train"], self.targets["train"], self.candidates["val"], self.targets["val"]
             )
-        raise ValueError(f"unknown routine kind {kind!r}; expected one of {sorted(ROUTINE_KINDS)}")
+        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(kinds('routine'))}")
 
     def log_probabilities(self, model: CandidateScorer, split: str) -> np.ndarray:
         """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order."""
@@ -304,9 +303,9 @@ class RoutineData:
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:
     """The inverse of ``model.state()`` for a routine kind."""
-    if kind not in ROUTINE_KINDS:
-        raise ValueError(f"unknown routine kind {kind!r}; expected one of {sorted(ROUTINE_KINDS)}")
-    return ROUTINE_KINDS[kind].from_state(state)
+    if kind not in kinds("routine"):
+        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(kinds('routine'))}")
+    return registry.kind(kind).model_class.from_state(state)
 
 
 @dataclass(frozen=True)

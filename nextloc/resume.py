@@ -84,7 +84,7 @@ _PROGRESS_KEYS = frozenset(f.name for f in fields(Progress))
 
 def _config_json(config: TrainConfig) -> str:
     """The training config as canonical JSON (part of the fingerprint)."""
-    return json.dumps(asdict(config), sort_keys=True)
+    return json.dumps(config.model_dump(mode="json"), sort_keys=True)
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:

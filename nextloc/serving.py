@@ -26,12 +26,12 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from nextloc.baselines import BASELINES, BaselineModule
+from nextloc.baselines import BaselineModule
 from nextloc.config import PreprocessConfig, SampleConfig
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch
-from nextloc.models import OUTPUT_IS_LOG_PROB, SeedEnsemble, model_config, model_from_config
+from nextloc.models import SeedEnsemble, model_config, model_from_config, registry
 from nextloc.novelty import NewPlaceHead
-from nextloc.ranking import ROUTINE_KINDS, CandidateScorer, RoutineAnswerer, scorer_from_state
+from nextloc.ranking import CandidateScorer, RoutineAnswerer, scorer_from_state
 from nextloc.storage import write_json, write_parquet, write_with
 from nextloc.vocabulary import place_centres, place_popularity
 
@@ -201,7 +201,7 @@ def save_bundle(
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if kind in ROUTINE_KINDS:
+    if kind in registry.kinds("routine"):
         spec = _save_routine(folder, kind, model, profile, locations)
     elif isinstance(model, BaselineModule):
         params, arrays = model.baseline.state()
@@ -211,7 +211,7 @@ def save_bundle(
         spec = {
             "family": "neural",
             "config": model_config(model),
-            "log_prob_output": OUTPUT_IS_LOG_PROB[kind],
+            "log_prob_output": registry.kind(kind).log_prob_output,
         }
         model = model.cpu()
         write_with(lambda tmp: safetensors.torch.save_model(model, str(tmp)), folder / WEIGHTS_FILE)
@@ -244,7 +244,7 @@ def _save_routine(folder: Path, kind: str, model, profile: pd.DataFrame | None, 
 
 
 def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, locations) -> RoutineAnswerer:
-    if kind not in ROUTINE_KINDS:
+    if kind not in registry.kinds("routine"):
         raise ValueError(f"{folder / BUNDLE_FILE}: field 'kind' {kind!r} is not a routine kind")
     if locations is None:
         raise ValueError(f"{folder}: a {kind!r} bundle needs {VOCABULARY_DIR}/locations.parquet")
@@ -299,10 +299,12 @@ def load_bundle(folder: Path) -> ModelBundle:
         routine = _load_routine(folder, kind, model_spec, preprocess, vocab["locations"])
         return ModelBundle(scorer=None, routine=routine, **common)
     if model_spec["family"] == "baseline":
-        if kind not in BASELINES:
-            raise ValueError(f"{spec_path}: field 'kind' {kind!r} is not a baseline ({sorted(BASELINES)})")
+        baselines = registry.kinds("baseline")
+        if kind not in baselines:
+            raise ValueError(f"{spec_path}: field 'kind' {kind!r} is not a baseline ({sorted(baselines)})")
         arrays = safetensors.numpy.load_file(str(weights))
-        model: nn.Module = BaselineModule(BASELINES[kind].from_state(model_spec["params"], arrays))
+        baseline = registry.kind(kind).model_class.from_state(model_spec["params"], arrays)
+        model: nn.Module = BaselineModule(baseline)
     else:
         model = model_from_config(kind, model_spec["config"])
         missing, unexpected = safetensors.torch.load_model(model, str(weights), strict=False)

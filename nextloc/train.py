@@ -50,10 +50,9 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import numpy as np
 import torch
@@ -63,10 +62,11 @@ from torch import nn
 from nextloc import optim, resume
 from nextloc.data import SampleTensors, by_length
 from nextloc.metrics import MetricAccumulator
-from nextloc.models import ENSEMBLES, check_model_overrides
 from nextloc.models.dropout import PCG64Dropout, drawing_from
 from nextloc.models.ensemble import SeedEnsemble
+from nextloc.overrides import check_kind_overrides as check_kind_overrides  # re-exported
 from nextloc.resume import TrainingObjects
+from nextloc.train_config import TrainConfig as TrainConfig  # re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -74,122 +74,6 @@ LogMetrics = Callable[[dict[str, float], int], None]
 
 SELECTION_CHECKPOINT = "selection.pt"
 REFIT_CHECKPOINT = "refit.pt"
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation recipe; ``TrainConfig.for_recipe("pointer")`` gives the pointer's values.
-
-    ``mhsa`` and ``pointer`` differ from the reference recipes only in their batches: ``for_recipe(kind,
-    bucket=False)`` gives the reference's plain shuffled batches.
-    """
-
-    recipe: Literal["mhsa", "pointer"] = "mhsa"
-    batch_size: int = 32
-    eval_batch_size: int = 512
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 1e-6
-    label_smoothing: float = 0.0
-    clip_norm: float = 1.0
-    max_epochs: int = 100
-    warmup_epochs: int = 2
-    decay_epochs: int = 50
-    min_lr: float = 1e-6
-    patience: int = 3
-    min_epochs: int = 0
-    es_delta: float = 1e-3
-    lr_drops: int = 2
-    monitor: Literal["val_loss", "val_acc@1", "val_mrr", "val_place_acc@1", "val_place_mrr"] = "val_loss"
-    ema_decay: float = 0.0
-    select_best: bool = True
-    refit_on_train_val: bool = False
-    drop_last: bool = True
-    bucket: bool = False
-    # batches per length-sorted pool when ``bucket`` (nextloc.data.SampleTensors.batches)
-    bucket_pool: int = 50
-    amp: bool = True
-    seed: int = 0
-    deterministic: bool = True
-    num_threads: int | None = None
-    # CPU: where dropout's masks come from (nextloc.models.dropout): "torch", F.dropout's draws from torch's
-    # global generator (the reference's bits); "pcg64", a NumPy PCG64 stream of its own (about a tenth of the
-    # cost, other masks). CUDA: F.dropout either way
-    dropout_rng: Literal["torch", "pcg64"] = "torch"
-    # CPU, dropout_rng="torch": draw the masks on a background thread; same results either way
-    prefetch_dropout: bool = True
-    # CPU: validate each epoch on a thread while the next one trains (rolled back when the check changes
-    # the recipe's course: an early stop or the end); same results either way
-    overlap_validation: bool = True
-
-    def __post_init__(self) -> None:
-        for name, hint in get_type_hints(type(self)).items():  # a misspelt choice fails here, before any work
-            allowed = get_args(hint) if get_origin(hint) is Literal else ()
-            if allowed and getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"training option {name}={getattr(self, name)!r}: expected one of {list(allowed)}"
-                )
-        if self.bucket_pool < 1:
-            raise ValueError(f"bucket_pool must be >= 1 batch, got {self.bucket_pool}")
-
-    @classmethod
-    def for_recipe(cls, recipe: str, /, **overrides: Any) -> TrainConfig:
-        """The recipe of a model kind (``mhsa``/``lstm``, ``pointer``, ``pointer_plus[_refit]``) with overrides."""
-        if recipe in ("mhsa", "mhsa_diagonal"):
-            base = cls(recipe="mhsa", bucket=True, bucket_pool=8)
-        elif recipe == "lstm":
-            base = cls(recipe="mhsa", dropout_rng="pcg64")
-        elif recipe in ("pointer", "pointer_plus", "pointer_plus_refit"):
-            base = cls(
-                recipe="pointer",
-                batch_size=128,
-                lr=6.5e-4,
-                betas=(0.9, 0.98),
-                eps=1e-9,
-                weight_decay=0.015,
-                label_smoothing=0.03,
-                clip_norm=0.8,
-                max_epochs=50,
-                warmup_epochs=5,
-                decay_epochs=45,
-                patience=5,
-                min_epochs=8,
-                es_delta=0.0,
-                lr_drops=0,
-                drop_last=False,
-                bucket=True,
-                bucket_pool=4,
-                dropout_rng="pcg64",
-            )
-            if recipe in ("pointer_plus", "pointer_plus_refit"):
-                # nextloc's schedule: a cosine that anneals within 15 epochs. pointer_plus chooses the epoch
-                # on validation place MRR (the product's metric) and stays on train (the reference data
-                # budget); pointer_plus_refit, the earlier recipe, chooses the epoch count on validation
-                # (reference) MRR and then refits on train + val.
-                refit = recipe == "pointer_plus_refit"
-                base = replace(
-                    base,
-                    monitor="val_mrr" if refit else "val_place_mrr",
-                    warmup_epochs=3,
-                    decay_epochs=15,
-                    max_epochs=20,
-                    patience=3,
-                    min_epochs=0,
-                    refit_on_train_val=refit,
-                    bucket_pool=50,
-                )
-        else:
-            raise ValueError(
-                f"unknown recipe {recipe!r}; expected one of "
-                "['mhsa', 'lstm', 'pointer', 'pointer_plus', 'pointer_plus_refit']"
-            )
-        unknown = set(overrides) - set(asdict(base))
-        if unknown:
-            raise ValueError(f"unknown training option(s) {sorted(unknown)}")
-        if "betas" in overrides:
-            overrides["betas"] = tuple(overrides["betas"])
-        return replace(base, **overrides)
 
 
 @dataclass
@@ -212,22 +96,6 @@ class FitResult:
     seconds_to_best: float = 0.0
     train_samples_per_s: float = 0.0  # training batches only (validation excluded)
     resumed_from_epoch: int = 0  # epochs restored from a resume file (0: trained from scratch)
-
-
-def check_kind_overrides(kind: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> None:
-    """Raise what training ``kind`` (a model kind or a seed ensemble) with these overrides would, building
-    nothing: a key that is not a field of the kind's model config, or a training option
-    :meth:`TrainConfig.for_recipe` rejects (its name or value).
-
-    Raises:
-        ValueError: naming the kind and the key.
-    """
-    member = ENSEMBLES.get(kind, (kind, 0))[0]
-    try:
-        check_model_overrides(member, model)
-        TrainConfig.for_recipe(member, **train)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{kind}: {err}") from err
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -497,15 +365,16 @@ def fit_model(
     # Same epoch count, but the learning rate anneals over it (one epoch at the peak rate, then the cosine
     # compressed into the remaining epochs), so the refit ends on a low rate like a completed schedule.
     epochs = max(1, selection.best_epoch)
-    final_config = replace(
-        config,
-        max_epochs=epochs,
-        warmup_epochs=1,
-        decay_epochs=max(epochs - 1, 1),
-        min_epochs=0,
-        patience=10**9,
-        select_best=False,
-        refit_on_train_val=False,
+    final_config = config.model_copy(
+        update={
+            "max_epochs": epochs,
+            "warmup_epochs": 1,
+            "decay_epochs": max(epochs - 1, 1),
+            "min_epochs": 0,
+            "patience": 10**9,
+            "select_best": False,
+            "refit_on_train_val": False,
+        }
     )
     logger.info("refit on train + val for %d epochs", final_config.max_epochs)
     refit = fit(
@@ -558,7 +427,7 @@ def fit_seed_ensemble(
             lambda seed=seed: build(seed),
             train,
             val,
-            replace(config, seed=seed),
+            config.model_copy(update={"seed": seed}),
             log_prob_output=log_prob_output,
             log_metrics=log_metrics if m == 0 else None,
             checkpoint_dir=checkpoint_dir / f"member{m}" if checkpoint_dir is not None else None,

@@ -496,3 +496,49 @@ def _redact(uri: str) -> str:
     import sqlalchemy as sa
 
     return sa.engine.make_url(uri).render_as_string(hide_password=True)
+
+
+# --- one training's run (tasks/train.py) ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def training_run(
+    experiment_id: str, kind: str, seed: int, tags: dict[str, str], parent_run_id: str | None
+) -> Iterator[str]:
+    """The run of one training (``kind`` seed ``seed``), a child of ``parent_run_id`` when given: yields its id.
+
+    Runs of the same ``tags`` left RUNNING by a killed attempt are closed first (:func:`close_interrupted_runs`).
+    The run ends FINISHED, or FAILED on an exception (which propagates).
+    """
+    close_interrupted_runs(experiment_id, tags)
+    run_tags = {**tags, **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
+    with mlflow.start_run(
+        experiment_id=experiment_id, run_name=child_run_name(kind, seed), tags=run_tags
+    ) as run:
+        yield run.info.run_id
+
+
+def log_split_inputs(dataset: str, samples: dict[str, tuple[str, str]]) -> None:
+    """Dataset lineage of the active run: each split's samples file (``split -> (path, fingerprint)``) as an
+    input named ``<dataset>-<split>`` with the fingerprint as digest, in context training/validation/testing."""
+    from mlflow.data.dataset_source_registry import get_registered_sources
+    from mlflow.data.meta_dataset import MetaDataset
+
+    local = next(s for s in get_registered_sources() if s._get_source_type() == "local")
+    contexts = {"train": "training", "val": "validation", "test": "testing"}
+    for split, (path, fingerprint) in samples.items():
+        source = local(str(Path(path).resolve()))
+        meta = MetaDataset(source=source, name=f"{dataset}-{split}", digest=fingerprint[:32])
+        log_input(meta, context=contexts.get(split, split))
+
+
+def log_training(params: dict[str, Any], history: list[dict[str, float]]) -> None:
+    """The active run's parameters and its per-epoch metrics (step = epoch, from 1)."""
+    mlflow.log_params(params)
+    for step, record in enumerate(history, start=1):
+        mlflow.log_metrics({mlflow_name(k): v for k, v in record.items()}, step=step)
+
+
+def log_run_metrics(metrics: dict[str, float]) -> None:
+    """Metrics logged once on the active run (names through :func:`mlflow_name`)."""
+    mlflow.log_metrics({mlflow_name(k): v for k, v in metrics.items()})

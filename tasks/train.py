@@ -11,59 +11,30 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import mlflow
 import pandas as pd
 import torch
 from prefect import get_run_logger, task
 
-from nextloc.baselines import BASELINES, BaselineModule
+from nextloc.baselines import BaselineModule
 from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
 from nextloc.evaluate import Evaluation, evaluate, model_scores
 from nextloc.metrics import RESULT_KEYS
-from nextloc.models import ENSEMBLES, OUTPUT_IS_LOG_PROB, build_model, count_parameters
+from nextloc.models import build_model, count_parameters, model_settings, registry
 from nextloc.predict import example_visits
-from nextloc.ranking import ROUTINE_KINDS, RoutineData
+from nextloc.ranking import RoutineData
 from nextloc.sequences import SPLITS
 from nextloc.serving import save_bundle
 from nextloc.storage import write_json, write_parquet, write_with
-from nextloc.train import TrainConfig, check_kind_overrides, fit_model, fit_seed_ensemble, resolve_device
+from nextloc.train import TrainConfig, fit_model, fit_seed_ensemble, resolve_device
 from tasks import tracking
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.catalog import Catalog
 from tasks.plots import plot_per_user, plot_training_curves
-from tasks.tracking import SELECTED_EPOCH, mlflow_name, selected_name
+from tasks.tracking import SELECTED_EPOCH, selected_name
 
-NEURAL = (
-    "mhsa",
-    "mhsa_diagonal",
-    "pointer",
-    "pointer_plus",
-    "pointer_plus_refit",
-    "pointer_plus_ensemble",
-    "lstm",
-)
-MODEL_KINDS = (*NEURAL, *BASELINES, *ROUTINE_KINDS)
-ModelKind = Literal[MODEL_KINDS]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
-
-
-def check_overrides(
-    model_overrides: dict[str, dict[str, Any]] | None, train_overrides: dict[str, dict[str, Any]] | None
-) -> None:
-    """Raise, before any work, what the trainings would raise minutes later on these per-kind overrides.
-
-    Raises:
-        ValueError: a kind that is not a neural model, or an override of a kind that
-            :func:`nextloc.train.check_kind_overrides` rejects.
-    """
-    model_overrides, train_overrides = model_overrides or {}, train_overrides or {}
-    unknown = (set(model_overrides) | set(train_overrides)) - set(NEURAL)
-    if unknown:
-        raise ValueError(
-            f"model_overrides/train_overrides name unknown models {sorted(unknown)}; expected {NEURAL}"
-        )
-    for kind in sorted(set(model_overrides) | set(train_overrides)):
-        check_kind_overrides(kind, model_overrides.get(kind, {}), train_overrides.get(kind, {}))
+ModelKind = Literal[registry.kinds()]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
+NEURAL = registry.neural_kinds()  # for flows/cli.py; new code asks the registry (registry.neural_kinds())
 
 
 @dataclass(frozen=True)
@@ -113,9 +84,7 @@ def train_model_task(
     rerun after a crash continues from the last completed epoch (and is ignored, restarting from scratch,
     if the model, training overrides or data changed); the folder is deleted once the run is fully recorded.
     """
-    logger = get_run_logger()
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"unknown model {kind!r}; expected one of {list(MODEL_KINDS)}")
+    logger, entry = get_run_logger(), registry.kind(kind)
     dev = resolve_device(device)
     if dev.type == "cpu" and "num_threads" not in train_overrides:
         # One intra-op thread unless asked ($NEXTLOC_TORCH_THREADS): sums split over more threads round
@@ -127,65 +96,27 @@ def train_model_task(
     vocab = {"total_loc_num": meta["total_loc_num"], "total_user_num": meta["total_user_num"]}
     experiment_id = tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint, "data_dir": data.data_dir}
-    tracking.close_interrupted_runs(experiment_id, tags)
-    if parent_run_id:
-        tags["mlflow.parentRunId"] = parent_run_id
     catalog = Catalog(data.data_dir)
     run_dir = catalog.run_dir(kind, seed)
-    run_name = tracking.child_run_name(kind, seed)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as run:
-        for split, context in (("train", "training"), ("val", "validation"), ("test", "testing")):
-            tracking.log_input(_dataset(data, split), context=context)
+    with tracking.training_run(experiment_id, kind, seed, tags, parent_run_id) as run_id:
+        samples = {s: (data.samples[s].path, data.samples[s].fingerprint) for s in SPLITS}
+        tracking.log_split_inputs(Path(data.data_dir).name, samples)
         started = time.perf_counter()
-        if kind in NEURAL:
-            result = _train_neural(
-                kind,
-                seed,
-                splits,
-                vocab,
-                meta,
-                model_overrides,
-                train_overrides,
-                dev,
-                run_dir / "checkpoints",
-            )
-        elif kind in ROUTINE_KINDS:
+        if entry.is_neural:
+            overrides = (model_overrides, train_overrides)
+            result = _train_neural(kind, seed, splits, vocab, meta, *overrides, dev, run_dir / "checkpoints")
+        elif entry.family == "routine":
             result = _fit_routine(kind, seed, splits, vocab, meta, catalog)
         else:
             result = _fit_baseline(kind, splits, vocab)
-        mlflow.log_params({"model": kind, "seed": seed, "device": str(dev), **result["params"]})
-        for step, record in enumerate(result["history"], start=1):
-            mlflow.log_metrics({mlflow_name(k): v for k, v in record.items()}, step=step)
+        tracking.log_training(
+            {"model": kind, "seed": seed, "device": str(dev), **result["params"]}, result["history"]
+        )
         # the model chosen on validation gives the validation metrics; the tested one may be a refit on train + val
         evaluation = evaluate(val=splits["val"], test=splits["test"], **_scoring(result))
-        mlflow.log_metrics({mlflow_name(k): v for k, v in _flat_metrics(result, evaluation).items()})
-        results_json = {
-            **{k: evaluation.test[k] for k in RESULT_KEYS},
-            "n_test": evaluation.test["n"],
-            "n_params": result["n_params"],
-            SELECTED_EPOCH: result["selected_epoch"],
-            "refit_on_train_val": result["selection_model"] is not None,
-            "val": evaluation.val,
-            "target_in_history": evaluation.target_in_history,
-            "train_seconds": round(time.perf_counter() - started, 2),
-            "resumed_from_epoch": int(result["timing"].get("resumed_from_epoch", 0)),
-            "mlflow_run_id": run.info.run_id,
-        }
-        write_json(results_json, run_dir / "results.json")
-        write_json(evaluation.head.to_dict(), run_dir / "new_place_head.json")
-        write_parquet(evaluation.per_sample(), run_dir / "test_per_sample.parquet")
-        write_with(lambda tmp: evaluation.per_user.to_csv(tmp, index=False), run_dir / "per_user.csv")
-        _log_artifacts(run.info.run_id, run_dir, result, evaluation, kind, seed)
-        for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
-            if catalog.vocabulary(vocab).is_file():
-                tracking.log_file_artifact(run.info.run_id, catalog.vocabulary(vocab), "vocabulary")
-        profile = result["routine_data"].routine.profile() if "routine_data" in result else None
-        model_uri, version = _log_bundle(kind, result["model"], meta, evaluation, catalog, profile)
-        results_json.update(
-            {"model_uri": model_uri, "registered_version": version, "holds_profile": profile is not None}
-        )
-        tracking.describe_version(kind, version, seed, data.fingerprint, results_json)
-        write_json(results_json, run_dir / "results.json")
+        tracking.log_run_metrics(_flat_metrics(result, evaluation))
+        results_json = _results_json(result, evaluation, time.perf_counter() - started, run_id)
+        _record(run_id, run_dir, result, evaluation, kind, seed, meta, catalog, data, results_json)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
     logger.info(
         "%s seed %d: test place acc@1 %.2f place mrr %.2f new-place AUC %.1f (acc@1 %.2f mrr %.2f; selected epoch %s)",
@@ -198,16 +129,66 @@ def train_model_task(
         evaluation.test["mrr"],
         result["selected_epoch"],
     )
-    return {"kind": kind, "seed": seed, "run_id": run.info.run_id, "results": results_json}
+    return {"kind": kind, "seed": seed, "run_id": run_id, "results": results_json}
+
+
+def _results_json(
+    result: dict[str, Any], evaluation: Evaluation, seconds: float, run_id: str
+) -> dict[str, Any]:
+    """``results.json`` before registration (test metrics in percent, the validation ones, timing, run id)."""
+    return {
+        **{k: evaluation.test[k] for k in RESULT_KEYS},
+        "n_test": evaluation.test["n"],
+        "n_params": result["n_params"],
+        SELECTED_EPOCH: result["selected_epoch"],
+        "refit_on_train_val": result["selection_model"] is not None,
+        "val": evaluation.val,
+        "target_in_history": evaluation.target_in_history,
+        "train_seconds": round(seconds, 2),
+        "resumed_from_epoch": int(result["timing"].get("resumed_from_epoch", 0)),
+        "mlflow_run_id": run_id,
+    }
+
+
+def _record(
+    run_id,
+    run_dir: Path,
+    result,
+    evaluation: Evaluation,
+    kind,
+    seed,
+    meta,
+    catalog: Catalog,
+    data,
+    results_json,
+):
+    """Write the run's files, log them, register the bundle and describe its version; ``results_json`` gains
+    the model URI, the registered version and whether the bundle holds the users' profile."""
+    write_json(results_json, run_dir / "results.json")
+    write_json(evaluation.head.to_dict(), run_dir / "new_place_head.json")
+    write_parquet(evaluation.per_sample(), run_dir / "test_per_sample.parquet")
+    write_with(lambda tmp: evaluation.per_user.to_csv(tmp, index=False), run_dir / "per_user.csv")
+    _log_artifacts(run_id, run_dir, result, evaluation, kind, seed)
+    for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
+        if catalog.vocabulary(vocab).is_file():
+            tracking.log_file_artifact(run_id, catalog.vocabulary(vocab), "vocabulary")
+    profile = result["routine_data"].routine.profile() if "routine_data" in result else None
+    model_uri, version = _log_bundle(kind, result["model"], meta, evaluation, catalog, profile)
+    results_json.update(
+        {"model_uri": model_uri, "registered_version": version, "holds_profile": profile is not None}
+    )
+    tracking.describe_version(kind, version, seed, data.fingerprint, results_json)
+    write_json(results_json, run_dir / "results.json")
 
 
 def _train_neural(
     kind, seed, splits, vocab, meta, model_overrides, train_overrides, dev, checkpoint_dir: Path
 ) -> dict[str, Any]:
     """Train a neural ``kind`` (a seed ensemble: its members), resuming from (and writing) ``checkpoint_dir``."""
-    member_kind, size = ENSEMBLES.get(kind, (kind, 0))
+    entry = registry.kind(kind)
+    member_kind, size = entry.trained.name, entry.size
     overrides = dict(model_overrides)
-    if member_kind.startswith("pointer"):
+    if "max_seq_len" in model_settings(member_kind):  # the longest history of this dataset
         overrides.setdefault("max_seq_len", int(meta["max_hist_len"]) + 10)
 
     def build(model_seed: int = seed) -> torch.nn.Module:
@@ -215,7 +196,7 @@ def _train_neural(
         return build_model(member_kind, vocab["total_loc_num"], vocab["total_user_num"], **overrides).to(dev)
 
     cfg = TrainConfig.for_recipe(member_kind, seed=seed, **train_overrides)
-    log_prob = OUTPUT_IS_LOG_PROB[member_kind]
+    log_prob = entry.trained.log_prob_output
     if size:
         model, members = fit_seed_ensemble(
             build,
@@ -241,7 +222,7 @@ def _train_neural(
         model, runs, params = (refit or selection).model, [selection, *([refit] if refit else [])], {}
     model_cfg = getattr(selection.model, "config", None)
     params.update({f"model.{k}": v for k, v in (asdict(model_cfg) if model_cfg is not None else {}).items()})
-    params.update({f"train.{k}": v for k, v in asdict(cfg).items()})
+    params.update({f"train.{k}": v for k, v in cfg.model_dump().items()})
     timing = {
         "train_seconds": sum(r.train_seconds for r in runs),
         "seconds_to_best": selection.seconds_to_best,
@@ -257,7 +238,7 @@ def _train_neural(
         "params": params,
         "n_params": count_parameters(model),
         "timing": timing,
-        "log_prob": OUTPUT_IS_LOG_PROB[kind],
+        "log_prob": entry.log_prob_output,
     }
 
 
@@ -335,7 +316,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, catalog: Catalog) -> dict[str,
 
 
 def _fit_baseline(kind, splits, vocab) -> dict[str, Any]:
-    baseline = BASELINES[kind](vocab["total_loc_num"]).fit(splits["train"])
+    baseline = registry.kind(kind).model_class(vocab["total_loc_num"]).fit(splits["train"])
     return {
         "model": BaselineModule(baseline),
         "selection_model": None,
@@ -381,20 +362,6 @@ def _log_artifacts(run_id: str, run_dir: Path, result, evaluation: Evaluation, k
         "test_per_sample.parquet",
     ):
         tracking.log_file_artifact(run_id, run_dir / name)
-
-
-def _dataset(data: DataRef, split: str):
-    """Dataset lineage for ``mlflow.log_input``: one split's samples file, named ``<data folder>-<split>``,
-    with its content fingerprint as digest."""
-    from mlflow.data.dataset_source_registry import get_registered_sources
-    from mlflow.data.meta_dataset import MetaDataset
-
-    local = next(s for s in get_registered_sources() if s._get_source_type() == "local")
-    artifact = data.samples[split]
-    source = local(str(Path(artifact.path).resolve()))
-    return MetaDataset(
-        source=source, name=f"{Path(data.data_dir).name}-{split}", digest=artifact.fingerprint[:32]
-    )
 
 
 def _requirements() -> list[str]:

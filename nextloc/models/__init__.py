@@ -1,8 +1,8 @@
-"""Next-location models and their registry.
+"""Next-location models, built from their entries in the kind registry (:mod:`nextloc.models.registry`).
 
 Every model takes a frozen config dataclass, consumes a :class:`nextloc.data.Batch` and returns
 ``(B, total_loc_num)`` scores over the whole location vocabulary (ids 0 and 1 included, nothing masked):
-logits for ``"mhsa"`` and ``"lstm"``, log-probabilities for ``"pointer"`` (see :data:`OUTPUT_IS_LOG_PROB`).
+logits or log-probabilities, as its entry's ``log_prob_output`` says.
 """
 
 from __future__ import annotations
@@ -13,54 +13,21 @@ from typing import Any
 
 from torch import nn
 
+from nextloc.models import registry
 from nextloc.models.ensemble import SeedEnsemble
 from nextloc.models.lstm import LSTMConfig, LSTMModel
 from nextloc.models.mhsa import MHSA, MHSAConfig
 from nextloc.models.pointer import PointerConfig, PointerGenerator
+from nextloc.models.registry import KINDS, Kind, kinds, neural_kinds
 
-MODEL_REGISTRY: dict[str, tuple[type, type[nn.Module]]] = {
-    "mhsa": (MHSAConfig, MHSA),
-    "mhsa_diagonal": (MHSAConfig, MHSA),
-    "pointer": (PointerConfig, PointerGenerator),
-    "pointer_plus": (PointerConfig, PointerGenerator),
-    "pointer_plus_refit": (PointerConfig, PointerGenerator),
-    "lstm": (LSTMConfig, LSTMModel),
-}
-
-# Defaults that differ from the config dataclass's reference values, per kind. ``mhsa_diagonal`` is the
-# reference MHSA with the diagonal-masked self-attention ablation (its own row, trained as ``mhsa``).
-# ``pointer`` is the reference Pointer V45; ``pointer_plus`` is nextloc's improved variant (causal encoder; trained with the
-# ``pointer_plus`` recipe, see :mod:`nextloc.train`); ``pointer_plus_refit`` is the same network refit on
-# train + val (its own row, outside the reference data budget).
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "mhsa_diagonal": {"diagonal_mask": True},
-    # chosen on validation place MRR (5 seeds each): no copying of the unseen token, and unknown-place
-    # augmentation so that the 1s of later histories mean something to the model
-    "pointer_plus": {"causal": True, "mask_unknown_copy": True, "unknown_dropout": 0.1},
-    "pointer_plus_refit": {"causal": True},
-}
-
-# Seed ensembles: kind -> (member kind, number of members). Seed ``s`` of an ensemble trains the member kind
-# with seeds ``s * size .. s * size + size - 1`` (so seed 0 averages the member kind's seeds 0..size-1).
-ENSEMBLES: dict[str, tuple[str, int]] = {"pointer_plus_ensemble": ("pointer_plus", 5)}
-
-# Whether ``forward`` returns log-probabilities (True) or unnormalised logits (False).
-OUTPUT_IS_LOG_PROB: dict[str, bool] = {
-    "mhsa": False,
-    "mhsa_diagonal": False,
-    "pointer": True,
-    "pointer_plus": True,
-    "pointer_plus_refit": True,
-    "pointer_plus_ensemble": True,
-    "lstm": False,
-}
+_VOCABULARY = frozenset({"total_loc_num", "total_user_num"})
 
 
 def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides: Any) -> nn.Module:
-    """Build a registered model with its reference defaults plus ``overrides``.
+    """Build a neural kind with its presets plus ``overrides``.
 
     Args:
-        kind: ``"mhsa"``, ``"pointer"`` or ``"lstm"``.
+        kind: a kind of family ``neural`` (e.g. ``"mhsa"``, ``"pointer"``, ``"lstm"``).
         total_loc_num: location vocabulary size (output width).
         total_user_num: user vocabulary size.
         **overrides: config fields to change, e.g. ``d_model=64`` or ``diagonal_mask=True``.
@@ -71,26 +38,42 @@ def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides:
     Raises:
         ValueError: unknown ``kind`` or an override that is not a field of the kind's config.
     """
+    entry = _network(kind)
     check_model_overrides(kind, overrides)
-    config_cls, model_cls = MODEL_REGISTRY[kind]
-    params = {**MODEL_PRESETS.get(kind, {}), **overrides}
-    config = config_cls(total_loc_num=total_loc_num, total_user_num=total_user_num, **params)
-    return model_cls(config)
+    config = entry.config(
+        total_loc_num=total_loc_num, total_user_num=total_user_num, **entry.presets, **overrides
+    )
+    return entry.model_class(config)
+
+
+def model_settings(kind: str) -> tuple[str, ...]:
+    """The config keys a neural kind's model overrides may set (its config's fields but the vocabulary sizes)."""
+    config = _network(kind).config
+    return tuple(f.name for f in fields(config) if f.name not in _VOCABULARY)
 
 
 def check_model_overrides(kind: str, overrides: Mapping[str, Any]) -> None:
-    """Raise what :func:`build_model` would for ``kind`` and ``overrides``, without building anything.
+    """Raise what :func:`build_model` would for ``kind`` and ``overrides``, building no network: an
+    unknown key (named with the allowed ones), or a value the kind's config rejects.
 
     Raises:
-        ValueError: unknown ``kind`` or an override that is not a field of the kind's config.
+        ValueError: naming the key.
     """
-    if kind not in MODEL_REGISTRY:
-        raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(MODEL_REGISTRY)}")
-    config_cls, _ = MODEL_REGISTRY[kind]
-    allowed = {f.name for f in fields(config_cls)} - {"total_loc_num", "total_user_num"}
-    unknown = sorted(set(overrides) - allowed)
+    entry = _network(kind)
+    allowed = model_settings(kind)
+    unknown = sorted(set(overrides) - set(allowed))
     if unknown:
         raise ValueError(f"unknown {kind!r} config key(s) {unknown}; allowed: {sorted(allowed)}")
+    entry.config(total_loc_num=2, total_user_num=2, **{**entry.presets, **overrides})
+
+
+def _network(kind: str) -> Kind:
+    entry = registry.kind(kind)
+    if entry.family != "neural":
+        raise ValueError(
+            f"{kind!r} is not a network (family {entry.family}); expected one of {list(kinds('neural'))}"
+        )
+    return entry
 
 
 def model_config(model: nn.Module) -> dict[str, Any]:
@@ -115,19 +98,18 @@ def model_from_config(kind: str, config: dict[str, Any]) -> nn.Module:
     Raises:
         ValueError: unknown ``kind`` or a config key the kind's config does not have.
     """
-    if kind in ENSEMBLES:
-        member_kind = ENSEMBLES[kind][0]
+    entry = registry.kind(kind)
+    if entry.family == "ensemble":
+        member = entry.trained
         if not isinstance(config.get("members"), list) or not config["members"]:
             raise ValueError(f"model config of ensemble kind {kind!r} needs a non-empty 'members' list")
-        members = [model_from_config(member_kind, member) for member in config["members"]]
-        return SeedEnsemble(members, bool(config.get("log_prob_output", OUTPUT_IS_LOG_PROB[member_kind])))
-    if kind not in MODEL_REGISTRY:
-        raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(MODEL_REGISTRY)}")
-    config_cls, model_cls = MODEL_REGISTRY[kind]
-    unknown = sorted(set(config) - {f.name for f in fields(config_cls)})
+        members = [model_from_config(member.name, m) for m in config["members"]]
+        return SeedEnsemble(members, bool(config.get("log_prob_output", member.log_prob_output)))
+    entry = _network(kind)
+    unknown = sorted(set(config) - {f.name for f in fields(entry.config)})
     if unknown:
         raise ValueError(f"model config of kind {kind!r} has unknown key(s) {unknown}")
-    return model_cls(config_cls(**config))
+    return entry.model_class(entry.config(**config))
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -135,12 +117,24 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+# Views of the registry for importers outside its owners' files (flows/cli.py, tests/nextloc/test_train.py,
+# tests/nextloc/test_evaluate.py, benchmarks/): read the registry instead in new code.
+MODEL_REGISTRY: Mapping[str, tuple[type, type]] = {
+    k: (KINDS[k].config, KINDS[k].model_class)
+    for k in kinds("neural")  # type: ignore[misc]
+}
+ENSEMBLES: Mapping[str, tuple[str, int]] = {
+    k: (KINDS[k].trained.name, KINDS[k].size) for k in kinds("ensemble")
+}
+OUTPUT_IS_LOG_PROB: Mapping[str, bool] = {k: KINDS[k].log_prob_output for k in neural_kinds()}
+
 __all__ = [
     "ENSEMBLES",
+    "KINDS",
     "MHSA",
-    "MODEL_PRESETS",
     "MODEL_REGISTRY",
     "OUTPUT_IS_LOG_PROB",
+    "Kind",
     "LSTMConfig",
     "LSTMModel",
     "MHSAConfig",
@@ -148,7 +142,12 @@ __all__ = [
     "PointerGenerator",
     "SeedEnsemble",
     "build_model",
+    "check_model_overrides",
     "count_parameters",
+    "registry",
+    "kinds",
     "model_config",
     "model_from_config",
+    "model_settings",
+    "neural_kinds",
 ]

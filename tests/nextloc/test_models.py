@@ -14,7 +14,6 @@ from torch import nn
 from nextloc.data import Batch
 from nextloc.models import (
     ENSEMBLES,
-    MODEL_PRESETS,
     MODEL_REGISTRY,
     OUTPUT_IS_LOG_PROB,
     SeedEnsemble,
@@ -22,6 +21,7 @@ from nextloc.models import (
     count_parameters,
 )
 from nextloc.models.embedding import MaskedEncoderLayer, last_valid
+from nextloc.models.registry import KINDS as KINDS_REGISTRY
 
 KINDS = ["mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "pointer_plus_refit", "lstm"]
 V, U = 40, 6  # small vocabularies for the behavioural tests
@@ -490,11 +490,11 @@ def test_models_package_does_not_import_orchestration_or_tracking():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_build_model_returns_registered_classes(kind):
-    config_cls, model_cls = MODEL_REGISTRY[kind]
+    entry = KINDS_REGISTRY[kind]
     model = build_model(kind, V, U, dropout=0.3)
-    assert isinstance(model, model_cls)
-    expected = {**MODEL_PRESETS.get(kind, {}), "dropout": 0.3}
-    assert model.config == config_cls(total_loc_num=V, total_user_num=U, **expected)
+    assert isinstance(model, entry.model_class)
+    expected = {**entry.presets, "dropout": 0.3}
+    assert model.config == entry.config(total_loc_num=V, total_user_num=U, **expected)
 
 
 def test_pointer_plus_is_the_reference_network_with_causal_attention():
@@ -548,3 +548,47 @@ def test_seed_ensemble_averages_probabilities():
     assert count_parameters(ensemble) == 2 * count_parameters(members[0])
     with pytest.raises(ValueError, match="at least one"):
         SeedEnsemble([], log_prob_output=True)
+
+
+# --- the kind registry (nextloc.models.registry) ------------------------------------------------------
+
+
+def test_the_registry_declares_every_kind_once_and_the_views_derive_from_it():
+    from nextloc.models import registry
+    from nextloc.train import TrainConfig
+
+    assert registry.kinds("neural") == tuple(KINDS)
+    assert registry.neural_kinds() == (*KINDS[:5], "pointer_plus_ensemble", "lstm")
+    assert registry.kinds("baseline") == ("markov", "most_frequent", "last_location")
+    assert registry.kinds("routine") == ("routine", "ranker")
+    assert registry.kinds() == (*registry.neural_kinds(), *registry.kinds("baseline", "routine"))
+    for name, entry in registry.KINDS.items():
+        assert entry.name == name
+        assert entry.description
+        if entry.family == "neural":
+            assert isinstance(entry.recipe, TrainConfig)
+            assert TrainConfig.for_recipe(name) == entry.recipe
+            assert issubclass(entry.model_class, nn.Module)
+    ensemble = registry.kind("pointer_plus_ensemble")
+    assert (ensemble.trained.name, ensemble.size, ensemble.log_prob_output) == ("pointer_plus", 5, True)
+    assert registry.kind("ranker").model_class.__name__ == "RoutineRanker"  # imported on first use
+    with pytest.raises(ValueError, match=r"unknown model kind 'transformer'; expected one of \['mhsa'"):
+        registry.kind("transformer")
+    with pytest.raises(ValueError, match="not a network"):
+        build_model("markov", V, U)
+    with pytest.raises(TypeError):
+        registry.kind("mhsa").presets["d_model"] = 1  # type: ignore[index]
+
+
+def test_a_kind_entry_checks_what_its_family_needs():
+    from nextloc.models.registry import Kind
+
+    with pytest.raises(ValueError, match="needs a model, a config and a recipe"):
+        Kind("x", "neural", "no recipe", False, nn.Linear, dataclasses.make_dataclass("C", []))
+    with pytest.raises(ValueError, match="needs a member kind and a size >= 2"):
+        Kind("x", "ensemble", "one member", True, member="mhsa", size=1)
+
+
+def test_importing_the_models_leaves_pandas_and_lightgbm_out():
+    code = "import sys, nextloc.models; bad = {'pandas', 'lightgbm'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,247 @@
+"""The registry of model kinds: one frozen :class:`Kind` entry per kind, and nothing declared elsewhere.
+
+A kind's entry says everything the rest of nextloc asks about it: its family (``neural``: a network trained
+by :func:`nextloc.train.fit`; ``ensemble``: seeds of a neural member kind averaged; ``baseline``: counts
+fitted on train, :mod:`nextloc.baselines`; ``routine``: the user's routine ranked, :mod:`nextloc.ranking`),
+its classes, presets, training recipe, output type and a one-line description. Every list of kinds (the
+flows' choices, the neural kinds the overrides may name, the help text) is derived from :data:`KINDS`.
+
+Adding a kind is its module plus one entry in :data:`KINDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from nextloc.baselines import LastLocationBaseline, MarkovBaseline, MostFrequentBaseline
+from nextloc.models.lstm import LSTMConfig, LSTMModel
+from nextloc.models.mhsa import MHSA, MHSAConfig
+from nextloc.models.pointer import PointerConfig, PointerGenerator
+from nextloc.train_config import TrainConfig
+
+Family = Literal["neural", "ensemble", "baseline", "routine"]
+FAMILIES: tuple[Family, ...] = ("neural", "ensemble", "baseline", "routine")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One model kind.
+
+    Args:
+        name: the kind's name (``--model``, MLflow's registered model, ``results/<name>/``).
+        family: ``neural``, ``ensemble``, ``baseline`` or ``routine`` (see the module docstring).
+        description: one line for help text.
+        log_prob_output: whether the model's scores are log-probabilities (True) or logits (False).
+        model: the model class (neural: an ``nn.Module`` taking ``config``; baseline: a class with
+            ``fit``/``scores``/``state``/``from_state``), or ``"module:Class"`` for one imported on first
+            use (the routine kinds: pandas and LightGBM stay out of ``import nextloc.models``).
+        config: neural: the frozen config dataclass ``model`` takes.
+        presets: neural: config values that differ from ``config``'s defaults.
+        recipe: neural: the training recipe (:meth:`TrainConfig.for_recipe` starts from it).
+        member: ensemble: the neural kind trained for each member.
+        size: ensemble: the number of members. Seed ``s`` trains the member kind with seeds
+            ``s * size .. s * size + size - 1``.
+    """
+
+    name: str
+    family: Family
+    description: str
+    log_prob_output: bool
+    model: type | str | None = None
+    config: type | None = None
+    presets: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    recipe: TrainConfig | None = None
+    member: str | None = None
+    size: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "presets", MappingProxyType(dict(self.presets)))
+        neural = (self.config, self.recipe, self.model)
+        if self.family == "neural" and any(part is None for part in neural):
+            raise ValueError(f"neural kind {self.name!r} needs a model, a config and a recipe")
+        if self.family == "ensemble" and (self.member is None or self.size < 2):
+            raise ValueError(f"ensemble kind {self.name!r} needs a member kind and a size >= 2")
+        if self.family in ("baseline", "routine") and self.model is None:
+            raise ValueError(f"{self.family} kind {self.name!r} needs a model class")
+
+    @property
+    def model_class(self) -> type:
+        """The model class (imported now when the entry names it as ``"module:Class"``)."""
+        if isinstance(self.model, str):
+            module, name = self.model.split(":")
+            return getattr(importlib.import_module(module), name)
+        if self.model is None:
+            raise ValueError(f"{self.family} kind {self.name!r} has no model class of its own")
+        return self.model
+
+    @property
+    def trained(self) -> Kind:
+        """The kind whose network, config and recipe training uses: the member of an ensemble, else itself."""
+        return kind(self.member) if self.member else self
+
+    @property
+    def is_neural(self) -> bool:
+        """A network (or an ensemble of them): takes model and training overrides."""
+        return self.family in ("neural", "ensemble")
+
+
+def _recipe(base: TrainConfig | None = None, **changes: Any) -> TrainConfig:
+    return TrainConfig.model_validate({**(base or TrainConfig()).model_dump(), **changes})
+
+
+# The reference recipes (reference-protocol.md section 2) with the batches and dropout draws chosen on
+# validation (nextloc.train's docstring has the numbers).
+MHSA_RECIPE = _recipe(recipe="mhsa", bucket=True, bucket_pool=8)
+LSTM_RECIPE = _recipe(recipe="mhsa", dropout_rng="pcg64")
+POINTER_RECIPE = _recipe(
+    recipe="pointer",
+    batch_size=128,
+    lr=6.5e-4,
+    betas=(0.9, 0.98),
+    eps=1e-9,
+    weight_decay=0.015,
+    label_smoothing=0.03,
+    clip_norm=0.8,
+    max_epochs=50,
+    warmup_epochs=5,
+    decay_epochs=45,
+    patience=5,
+    min_epochs=8,
+    es_delta=0.0,
+    lr_drops=0,
+    drop_last=False,
+    bucket=True,
+    bucket_pool=4,
+    dropout_rng="pcg64",
+)
+# nextloc's schedule: a cosine that anneals within 15 epochs; the epoch is chosen on validation place MRR
+# (the product's metric) and the model stays trained on train (the reference data budget).
+POINTER_PLUS_RECIPE = _recipe(
+    POINTER_RECIPE,
+    monitor="val_place_mrr",
+    warmup_epochs=3,
+    decay_epochs=15,
+    max_epochs=20,
+    patience=3,
+    min_epochs=0,
+    bucket_pool=50,
+)
+# the earlier nextloc recipe: the epoch count chosen on validation (reference) MRR, then a refit on train + val
+POINTER_PLUS_REFIT_RECIPE = _recipe(POINTER_PLUS_RECIPE, monitor="val_mrr", refit_on_train_val=True)
+
+_ENTRIES = (
+    Kind("mhsa", "neural", "MHSA, the reference transformer", False, MHSA, MHSAConfig, recipe=MHSA_RECIPE),
+    Kind(
+        "mhsa_diagonal",
+        "neural",
+        "MHSA with diagonal-masked self-attention (ablation)",
+        False,
+        MHSA,
+        MHSAConfig,
+        presets={"diagonal_mask": True},
+        recipe=MHSA_RECIPE,
+    ),
+    Kind(
+        "pointer",
+        "neural",
+        "the reference pointer-generator (Pointer V45)",
+        True,
+        PointerGenerator,
+        PointerConfig,
+        recipe=POINTER_RECIPE,
+    ),
+    Kind(
+        "pointer_plus",
+        "neural",
+        "nextloc's pointer: causal encoder, chosen on place MRR",
+        True,
+        PointerGenerator,
+        PointerConfig,
+        # chosen on validation place MRR (5 seeds each): no copying of the unseen token, and unknown-place
+        # augmentation so that the 1s of later histories mean something to the model
+        presets={"causal": True, "mask_unknown_copy": True, "unknown_dropout": 0.1},
+        recipe=POINTER_PLUS_RECIPE,
+    ),
+    Kind(
+        "pointer_plus_refit",
+        "neural",
+        "causal pointer refit on train + val (outside the reference data budget)",
+        True,
+        PointerGenerator,
+        PointerConfig,
+        presets={"causal": True},
+        recipe=POINTER_PLUS_REFIT_RECIPE,
+    ),
+    Kind(
+        "pointer_plus_ensemble",
+        "ensemble",
+        "five pointer_plus seeds, probabilities averaged",
+        True,
+        member="pointer_plus",
+        size=5,
+    ),
+    Kind("lstm", "neural", "the reference LSTM", False, LSTMModel, LSTMConfig, recipe=LSTM_RECIPE),
+    Kind("markov", "baseline", "first-order Markov chain (per user, then global)", False, MarkovBaseline),
+    Kind("most_frequent", "baseline", "the most visited place of the history", False, MostFrequentBaseline),
+    Kind("last_location", "baseline", "the last place of the history", False, LastLocationBaseline),
+    Kind(
+        "routine",
+        "routine",
+        "weighted routine features (weights chosen on val)",
+        True,
+        "nextloc.ranking:RoutineRule",
+    ),
+    Kind(
+        "ranker",
+        "routine",
+        "LightGBM LambdaRank over routine features",
+        True,
+        "nextloc.ranking:RoutineRanker",
+    ),
+)
+
+KINDS: Mapping[str, Kind] = MappingProxyType({entry.name: entry for entry in _ENTRIES})
+
+
+def kind(name: str) -> Kind:
+    """The registry entry of ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a registered kind (the message lists them).
+    """
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown model kind {name!r}; expected one of {list(KINDS)}") from None
+
+
+def kinds(*families: Family) -> tuple[str, ...]:
+    """The kinds of ``families`` (all kinds when none is given), in registry order."""
+    return tuple(k.name for k in KINDS.values() if not families or k.family in families)
+
+
+def neural_kinds() -> tuple[str, ...]:
+    """The kinds that take model and training overrides: networks and their seed ensembles."""
+    return kinds("neural", "ensemble")
+
+
+def recipe_of(name: str) -> TrainConfig:
+    """The training recipe of neural kind ``name`` (an ensemble trains its member kind's).
+
+    Raises:
+        ValueError: ``name`` is not a neural kind (the message lists the recipes).
+    """
+    entry = KINDS.get(name)
+    if entry is None or entry.family != "neural":
+        raise ValueError(f"unknown recipe {name!r}; expected one of {list(kinds('neural'))}")
+    assert entry.recipe is not None  # checked by Kind
+    return entry.recipe
+
+
+def help_lines() -> list[str]:
+    """``name (family): description`` per kind, for help text."""
+    return [f"{k.name} ({k.family}): {k.description}" for k in KINDS.values()]
