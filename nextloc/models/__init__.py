@@ -40,9 +40,8 @@ def build_model(kind: str, total_loc_num: int, total_user_num: int, **overrides:
     """
     entry = _network(kind)
     check_model_overrides(kind, overrides)
-    config = entry.config(
-        total_loc_num=total_loc_num, total_user_num=total_user_num, **entry.presets, **overrides
-    )
+    params = {**entry.presets, **overrides}  # an override wins over the kind's preset
+    config = entry.config(total_loc_num=total_loc_num, total_user_num=total_user_num, **params)
     return entry.model_class(config)
 
 

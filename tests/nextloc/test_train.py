@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,9 @@ import torch
 import nextloc.train as train_module
 from nextloc.data import SampleTensors, by_length
 from nextloc.evaluate import model_scores, score_split
-from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
+from nextloc.models import build_model
 from nextloc.models.dropout import PCG64Dropout
+from nextloc.models.registry import kind as kind_entry
 from nextloc.optim import pointer_lr
 from nextloc.train import (
     REFIT_CHECKPOINT,
@@ -84,7 +84,7 @@ def test_loss_falls_and_best_weights_are_loaded(kind, data):
     extra = {"max_seq_len": 16} if kind == "pointer" else {}
     model = build_model(kind, V, U, **extra)
     config = TrainConfig.for_recipe(kind, max_epochs=6, min_epochs=0, batch_size=16, seed=0, lr=3e-3)
-    result = fit(model, train, val, config, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
+    result = fit(model, train, val, config, log_prob_output=kind_entry(kind).log_prob_output)
     losses = [h["train_loss"] for h in result.history]
     assert losses[-1] < losses[0]
     assert result.best_val_loss == min(h["val_loss"] for h in result.history[: result.best_epoch])
@@ -122,7 +122,7 @@ def test_batches_come_from_length_sorted_pools_and_the_reference_batches_are_one
     nextloc.train); ``bucket=False`` gives the reference's plain shuffled batches, the rest unchanged."""
     ours = TrainConfig.for_recipe(kind)
     assert (ours.bucket, ours.bucket_pool) == (True, pool)
-    assert TrainConfig.for_recipe(kind, bucket=False) == replace(ours, bucket=False)
+    assert TrainConfig.for_recipe(kind, bucket=False) == ours.model_copy(update={"bucket": False})
 
 
 def test_a_pool_smaller_than_a_batch_is_rejected_with_the_recipe():
@@ -135,7 +135,7 @@ def test_the_lstm_keeps_the_reference_plain_batches():
     assert TrainConfig.for_recipe("lstm").bucket is False
     mhsa = TrainConfig.for_recipe("mhsa")
     lstm = TrainConfig.for_recipe("lstm", dropout_rng="torch")
-    assert replace(lstm, bucket=mhsa.bucket, bucket_pool=mhsa.bucket_pool) == mhsa
+    assert lstm.model_copy(update={"bucket": mhsa.bucket, "bucket_pool": mhsa.bucket_pool}) == mhsa
 
 
 def test_unknown_training_option_is_rejected():
@@ -281,7 +281,7 @@ def _run(case: str, data, resume_path: Path | None = None, log_metrics=None, **c
         train,
         val,
         config,
-        log_prob_output=OUTPUT_IS_LOG_PROB[kind],
+        log_prob_output=kind_entry(kind).log_prob_output,
         log_metrics=log_metrics,
         resume_path=resume_path,
     )
@@ -506,7 +506,9 @@ def test_recipes_dropout_draws_and_the_reference_draws_are_one_override_away(kin
     F.dropout's draws, the rest of the recipe unchanged."""
     ours = TrainConfig.for_recipe(kind)
     assert ours.dropout_rng == draws
-    assert TrainConfig.for_recipe(kind, dropout_rng="torch") == replace(ours, dropout_rng="torch")
+    assert TrainConfig.for_recipe(kind, dropout_rng="torch") == ours.model_copy(
+        update={"dropout_rng": "torch"}
+    )
     with pytest.raises(
         ValueError, match="training option dropout_rng='mt': expected one of \\['torch', 'pcg64'\\]"
     ):
