@@ -111,3 +111,28 @@ def test_run_names() -> None:
     assert tracking.child_run_name("pointer_plus", 3) == "pointer_plus s3"
     started = datetime(2026, 11, 23, 21, 40, tzinfo=UTC)
     assert tracking.parent_run_name(started, ["markov", "mhsa", "markov"]) == "2026-11-23 21:40 markov, mhsa"
+
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "leaderboard"
+
+
+def test_log_leaderboard_records_the_board_on_the_parent_run(store: str) -> None:
+    """The parent run's description (pinned text), leaderboard.json and the mean/std metrics."""
+    import json
+
+    sample = json.loads((GOLDEN / "sample.json").read_text())
+    experiment_id = tracking.configure(store, "t")
+    links = {"prefect.root_flow_run_id": "x", "prefect.root_flow_run_url": "http://p/x"}
+    with tracking.parent_run(experiment_id, "p", links, {}) as run_id:
+        tracking.log_leaderboard(run_id, sample["leaderboard"], sample["runs"], sample["promotion"])
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert run.data.tags[tracking.DESCRIPTION_TAG] == (GOLDEN / "description.md").read_text()
+    assert run.data.metrics["mhsa.test_place_acc_at_1_mean"] == pytest.approx(20.185)
+    assert run.data.metrics["markov.test_new_place_brier_std"] == 0.0
+    assert "ranker.test_place_acc_at_1_std" in run.data.metrics
+    assert "ranker.test_place_acc_at_1_mean" not in run.data.metrics  # NaN is not logged
+    folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="leaderboard.json")
+    logged = json.loads(Path(folder).read_text())
+    assert set(logged) == {"leaderboard", "promotion", "runs"}
+    assert logged["promotion"]["ranker"]["decision"] == "kept: no registered ranker version in this run"
+    assert logged["promotion"]["mhsa"]["decision"].startswith("promoted: v3 (seed 1) is the champion")
