@@ -27,6 +27,7 @@ from prefect import get_run_logger, task
 
 from nextloc.data import SampleTensors
 from nextloc.evaluate import champion_decision, pack_batch, score_split
+from nextloc.leaderboard import decision_text
 from nextloc.metrics import PLACE_KEYS, REFERENCE_KEYS
 from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
@@ -131,7 +132,7 @@ def champion_challenger(
             }
     if decision["promoted"]:
         client.set_registered_model_alias(name, tracking.CHAMPION, decision["challenger_version"])
-    decision["decision"] = tracking.decision_text(kind, decision)  # the one sentence every surface shows
+    decision["decision"] = decision_text(name, decision)  # the one sentence every surface shows
     _record(client, parent_run_id, kind, decision)
     logger.info("%s: %s -> %s", name, decision["reason"], "promoted" if decision["promoted"] else "kept")
     return decision

@@ -26,7 +26,7 @@ from mlflow.entities import Metric
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
-from nextloc.evaluate import format_summary, rank_board
+from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.metrics import HEADLINE
 from nextloc.serving import BUNDLE_ARTIFACT
 
@@ -337,30 +337,15 @@ def _prefect_links(tags: dict[str, str]) -> str:
     return "\n\n".join(lines)
 
 
-def decision_text(kind: str, decision: dict[str, Any]) -> str:
-    """One sentence for a champion decision, the same on the parent run, the challenger's run, its registry
-    version and in ``leaderboard.json``: ``promoted: v2 (seed 1) is the champion of nextloc-mhsa (...)``."""
-    name = registered_name(kind)
-    version = decision.get("challenger_version")
-    if not version:
-        return f"kept: {decision.get('reason', '')}"
-    seed = decision.get("challenger_seed")
-    who = f"v{version}" + (f" (seed {seed})" if seed is not None else "")
-    if decision.get("promoted"):
-        return f"promoted: {who} is the champion of {name} ({decision.get('reason', '')})"
-    holder = decision.get("champion_version", version)
-    if holder == version:
-        return f"kept: {who} already is the champion of {name} ({decision.get('reason', '')})"
-    return f"kept: v{holder} stays the champion of {name}; challenger {who}: {decision.get('reason', '')}"
-
-
 def log_leaderboard(
     parent_run_id: str, board: dict[str, Any], runs: list[dict[str, Any]], promotion: dict[str, Any]
 ) -> None:
     """The leaderboard on the parent run: ``leaderboard.json`` (with the runs and the champion decisions, each
     with its ``decision`` sentence), per model kind the mean and standard deviation over seeds of every test
     metric (``<kind>.test_<metric>_mean`` / ``_std``), and the leaderboard as the run's description."""
-    promotion = {kind: {"decision": decision_text(kind, d), **d} for kind, d in promotion.items()}
+    promotion = {
+        kind: {"decision": decision_text(registered_name(kind), d), **d} for kind, d in promotion.items()
+    }
     log_dict_artifact(
         parent_run_id, {"leaderboard": board, "promotion": promotion, "runs": runs}, "leaderboard.json"
     )
@@ -376,29 +361,8 @@ def log_leaderboard(
     for start in range(0, len(metrics), 1000):  # MLflow's batch limit
         client.log_batch(parent_run_id, metrics=metrics[start : start + 1000])
     links = client.get_run(parent_run_id).data.tags.get(DESCRIPTION_TAG, "")
-    client.set_tag(parent_run_id, DESCRIPTION_TAG, leaderboard_markdown(board, promotion, links))
-
-
-def leaderboard_markdown(board: dict[str, Any], promotion: dict[str, Any], preface: str = "") -> str:
-    """The parent run's description: test leaderboard (mean ± std over seeds, best place Acc@1 first), the
-    champion decisions, then ``preface`` (the Prefect links)."""
-    keys = (HEADLINE, "place_mrr", "acc@1", "mrr")
-    lines = [
-        "**Test leaderboard**, mean ± std over seeds (%; metrics `<kind>.test_<metric>_mean` / `_std`)",
-        "",
-        "| model | seeds | " + " | ".join(keys) + " |",
-        "|---|---|" + "---|" * len(keys),
-    ]
-    for kind in rank_board(board, HEADLINE):
-        row = board[kind]
-        cells = " | ".join(format_summary(row.get(key)) for key in keys)
-        lines.append(f"| {kind} | {row[HEADLINE]['n']} | {cells} |")
-    if promotion:
-        lines += ["", "**Champions** (`champion` alias):", ""]
-        lines += [f"- `{registered_name(kind)}`: {d['decision']}" for kind, d in promotion.items()]
-    if preface:
-        lines += ["", preface]
-    return "\n".join(lines)
+    ranked = build_leaderboard(board, champions(promotion, registered_name))
+    client.set_tag(parent_run_id, DESCRIPTION_TAG, description_markdown(ranked, links))
 
 
 #: Tables never copied: the schema version (checked instead) and the live server's scheduler state.

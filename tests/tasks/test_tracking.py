@@ -86,25 +86,6 @@ def test_configure_presents_the_experiment_for_the_ui(store: str) -> None:
     )
 
 
-def test_decision_text_tells_one_story() -> None:
-    promoted = {
-        "promoted": True,
-        "reason": "no champion yet",
-        "challenger_version": "2",
-        "challenger_seed": 1,
-    }
-    assert tracking.decision_text("mhsa", promoted) == (
-        "promoted: v2 (seed 1) is the champion of nextloc-mhsa (no champion yet)"
-    )
-    kept = {**promoted, "promoted": False, "champion_version": "1", "reason": "delta 0.1 < 0.5"}
-    assert tracking.decision_text("mhsa", kept) == (
-        "kept: v1 stays the champion of nextloc-mhsa; challenger v2 (seed 1): delta 0.1 < 0.5"
-    )
-    assert tracking.decision_text("mhsa", {"promoted": False, "reason": "no registered version"}) == (
-        "kept: no registered version"
-    )
-
-
 def test_run_names() -> None:
     from datetime import UTC, datetime
 
