@@ -52,14 +52,16 @@ def publish_summary(
     """
     parent_id = trained["parent_run_id"]
     experiment_id = tracking.configure(tracking_uri, experiment)
-    client = tracking.MlflowClient()
     ingest = preprocessed["ingest"]
     report = Catalog(preprocessed["data_dir"]).ingest_report
     if report.is_file():
         tracking.log_file_artifact(parent_id, report)
-    client.set_tag(parent_id, "ingest.rows_skipped", str(ingest["rows_skipped"]))
-    client.set_tag(parent_id, "ingest.files_skipped", str(ingest["files_skipped"]))
-    client.set_tag(parent_id, "data_dir", preprocessed["data_dir"])
+    tags = {
+        "ingest.rows_skipped": str(ingest["rows_skipped"]),
+        "ingest.files_skipped": str(ingest["files_skipped"]),
+        "data_dir": preprocessed["data_dir"],
+    }
+    tracking.set_run_tags(parent_id, tags)
     markdown = render_summary(preprocessed, trained, experiment_id, _ui_url(tracking_uri, mlflow_ui_url))
     create_markdown_artifact(markdown, key="preprocess-train-summary", description="metrics and MLflow runs")
     get_run_logger().info("summary:\n%s", markdown)

@@ -1,4 +1,7 @@
-"""MLflow, in one place: tracking URI, experiment, runs, model logging, registry and aliases.
+"""MLflow, behind two modules: this one (tracking URI, experiment, runs and their artifacts, logging and
+describing registered versions, the leaderboard on the parent run, store copies) and :mod:`tasks.registry`
+(a registered version's bundle, the ``champion`` alias and the records of its decisions). Callers catch
+:class:`MlflowException` from here.
 
 Nothing happens at import. ``configure()`` chooses the backend explicitly: by default a SQLite store
 ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` (MLflow >= 3.7 changed its implicit
@@ -13,16 +16,16 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
-import yaml
 from mlflow import MlflowClient
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
@@ -33,7 +36,6 @@ from nextloc.serving import BUNDLE_ARTIFACT
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "nextloc-geolife"
-CHAMPION = "champion"
 
 # How the MLflow UI (3.17) shows the experiment. Its kind tag says "model training" (not a GenAI app); the UI
 # itself opens an experiment on the runs only with ``?workflowType=machine_learning`` in the URL (or once the
@@ -97,7 +99,7 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
             artifact_location = (Path(uri[len("sqlite:///") :]).parent / "artifacts").resolve().as_uri()
         elif uri.startswith(("postgresql", "mysql", "mssql")):  # a database store: artifacts stay on disk
             artifact_location = (Path.cwd() / "mlruns" / "artifacts").resolve().as_uri()
-        with contextlib.suppress(mlflow.exceptions.MlflowException):  # created concurrently
+        with contextlib.suppress(MlflowException):  # created concurrently
             client.create_experiment(experiment, artifact_location=artifact_location)
         exp = client.get_experiment_by_name(experiment)
     _present_experiment(client, exp.experiment_id, exp.tags)
@@ -156,7 +158,7 @@ def log_input(dataset: Any, context: str, attempts: int = 5) -> None:
         try:
             mlflow.log_input(dataset, context=context)
             return
-        except mlflow.exceptions.MlflowException as err:
+        except MlflowException as err:
             if "UNIQUE constraint failed" not in str(err) or attempt == attempts:
                 raise
             logger.info("dataset row inserted concurrently; logging the input again (%d)", attempt)
@@ -195,6 +197,37 @@ def log_dict_artifact(run_id: str, data: Any, name: str) -> None:
 def log_file_artifact(run_id: str, path: Path, artifact_path: str | None = None) -> None:
     """Log a file artifact to a run."""
     MlflowClient().log_artifact(run_id, str(path), artifact_path)
+
+
+def download_run_artifacts(run_id: str, artifact_path: str, dst: Path) -> Path:
+    """Download a run's artifact (file or folder) under ``dst`` and return its local path.
+
+    Raises:
+        MlflowException: no such run or artifact (an artifact store may raise ``OSError`` instead).
+    """
+    return Path(
+        mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, dst_path=str(dst))
+    )
+
+
+def run_tags(run_id: str) -> dict[str, str]:
+    """A run's tags."""
+    return dict(MlflowClient().get_run(run_id).data.tags)
+
+
+def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
+    """Set tags on a run, in order."""
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+
+def search_model_runs(experiment: str) -> pd.DataFrame:
+    """Every model run of the experiment (runs tagged ``model``), newest first, as MLflow's runs table:
+    one row per run, columns ``tags.<tag>`` and ``metrics.<metric>``."""
+    return mlflow.search_runs(
+        experiment_names=[experiment], filter_string="tags.model != ''", order_by=["start_time DESC"]
+    )
 
 
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
@@ -242,17 +275,6 @@ def log_model(
         pip_requirements=pip_requirements,
     )
     return info.model_uri, str(info.registered_model_version)
-
-
-def download_bundle(model_uri: str, dst: Path) -> Path:
-    """Download a registered model and return its bundle folder, or its model folder for a model logged
-    without one (which :func:`tasks.evaluate.load_registered` refuses)."""
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
-    spec = yaml.safe_load((local / "MLmodel").read_text())
-    artifacts = spec.get("flavors", {}).get("python_function", {}).get("artifacts") or {}
-    if BUNDLE_ARTIFACT in artifacts:
-        return local / artifacts[BUNDLE_ARTIFACT]["path"]
-    return local
 
 
 def parent_run_name(started: datetime, models: list[str]) -> str:
