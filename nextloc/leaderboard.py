@@ -100,7 +100,8 @@ def decision_text(registered_name: str, decision: Mapping[str, Any]) -> str:
     holder = decision.get("champion_version", version)
     if holder == version:
         return f"kept: {who} already is the champion of {registered_name} ({decision.get('reason', '')})"
-    return f"kept: v{holder} stays the champion of {registered_name}; challenger {who}: {decision.get('reason', '')}"
+    reason = decision.get("reason", "")
+    return f"kept: v{holder} stays the champion of {registered_name}; challenger {who}: {reason}"
 
 
 def champions(

@@ -9,7 +9,8 @@ test location). The alias moves only if the challenger is better by at least ``m
 decision metric (a place metric by default) *and* a paired bootstrap over the samples gives ``p < alpha``
 (:func:`nextloc.evaluate.champion_decision`). The test, the p-value, the per-user-group differences (users
 whose data changed since the champion was trained, unchanged users, new users) and the decision are
-recorded on the MLflow parent run, the challenger's run and the challenger's registry version.
+recorded on the MLflow parent run, the challenger's run and the challenger's registry version
+(:func:`tasks.registry.record_decision`).
 """
 
 from __future__ import annotations
@@ -75,9 +76,7 @@ def champion_challenger(
     mine = [r for r in runs if r["kind"] == kind and r["results"].get("registered_version")]
     if not mine:
         return {"promoted": False, "reason": f"no registered {kind} version in this run"}
-    challenger = max(
-        mine, key=lambda r: (r["results"]["val"].get(PROMOTE_KEYS[promote_metric], float("-inf")), -r["seed"])
-    )
+    challenger = _best_on_validation(mine, promote_metric)
     outcomes = _outcomes(Catalog(data.data_dir), kind, mine, decision_metric)  # (seeds, test samples)
     head = {
         "metric": f"test {decision_metric}",
@@ -117,6 +116,12 @@ def _check_metrics(decision_metric: str, promote_metric: str) -> None:
         raise ValueError(f"decision_metric {decision_metric!r}: expected one of {list(DECISION_METRICS)}")
     if promote_metric not in PROMOTE_METRICS:
         raise ValueError(f"promote_metric {promote_metric!r}: expected one of {list(PROMOTE_METRICS)}")
+
+
+def _best_on_validation(runs: list[dict[str, Any]], promote_metric: str) -> dict[str, Any]:
+    """The run whose selected model is best on ``promote_metric`` (a tie goes to the lower seed)."""
+    key = PROMOTE_KEYS[promote_metric]
+    return max(runs, key=lambda r: (r["results"]["val"].get(key, float("-inf")), -r["seed"]))
 
 
 def _outcomes(catalog: Catalog, kind: str, runs: list[dict[str, Any]], metric: str) -> np.ndarray:
