@@ -7,7 +7,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import numpy as np
 import pandas as pd
 import torch
@@ -18,7 +17,7 @@ from nextloc.metrics import RESULT_KEYS
 from nextloc.predict import parse_time, predict, read_history, to_histories
 from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
-from tasks import tracking
+from tasks import registry, tracking
 from tasks.catalog import Catalog
 
 logger = logging.getLogger(__name__)
@@ -41,7 +40,7 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     tracking.configure(tracking_uri, experiment)
     uri = model_uri(kind, alias)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = tracking.download_bundle(uri, Path(tmp))
+        folder = registry.download_bundle(uri, Path(tmp))
         if (folder / BUNDLE_FILE).is_file():
             return load_bundle(folder)
     raise ValueError(
@@ -110,9 +109,7 @@ def leaderboard_from_mlflow(
 ) -> tuple[dict, str]:
     """Mean +- std over seeds of every test metric (:data:`nextloc.metrics.RESULT_KEYS`) of every model run."""
     tracking.configure(tracking_uri, experiment)
-    runs = mlflow.search_runs(
-        experiment_names=[experiment], filter_string="tags.model != ''", order_by=["start_time DESC"]
-    )
+    runs = tracking.search_model_runs(experiment)
     if runs.empty:
         return {}, f"no model runs in experiment {experiment!r}"
     note = f"experiment {experiment!r}, all datasets"
@@ -126,7 +123,7 @@ def leaderboard_from_mlflow(
     for kind, group in runs.groupby("tags.model"):
         board[kind] = {}
         for key in RESULT_KEYS:
-            col = f"metrics.test_{key.replace('@', '_at_')}"
+            col = f"metrics.test_{tracking.mlflow_name(key)}"
             values = group[col].dropna().to_numpy(float) if col in group else np.array([])
             board[kind][key] = summarise(values)
     return board, note

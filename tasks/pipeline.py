@@ -9,8 +9,12 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from nextloc.evaluate import format_summary, rank_board
-from nextloc.metrics import HEADLINE, NEW_PLACE_KEYS, PLACE_KEYS, REFERENCE_KEYS
+from nextloc.leaderboard import (
+    build_leaderboard,
+    champions,
+    summary_champions_markdown,
+    summary_tables_markdown,
+)
 from nextloc.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
 from tasks import tracking
 from tasks.catalog import Catalog
@@ -48,14 +52,16 @@ def publish_summary(
     """
     parent_id = trained["parent_run_id"]
     experiment_id = tracking.configure(tracking_uri, experiment)
-    client = tracking.MlflowClient()
     ingest = preprocessed["ingest"]
     report = Catalog(preprocessed["data_dir"]).ingest_report
     if report.is_file():
         tracking.log_file_artifact(parent_id, report)
-    client.set_tag(parent_id, "ingest.rows_skipped", str(ingest["rows_skipped"]))
-    client.set_tag(parent_id, "ingest.files_skipped", str(ingest["files_skipped"]))
-    client.set_tag(parent_id, "data_dir", preprocessed["data_dir"])
+    tags = {
+        "ingest.rows_skipped": str(ingest["rows_skipped"]),
+        "ingest.files_skipped": str(ingest["files_skipped"]),
+        "data_dir": preprocessed["data_dir"],
+    }
+    tracking.set_run_tags(parent_id, tags)
     markdown = render_summary(preprocessed, trained, experiment_id, _ui_url(tracking_uri, mlflow_ui_url))
     create_markdown_artifact(markdown, key="preprocess-train-summary", description="metrics and MLflow runs")
     get_run_logger().info("summary:\n%s", markdown)
@@ -89,24 +95,10 @@ def render_summary(
             f"({tracking.comparison_url(ui_url, experiment_id)})"
         )
     lines.append("")
-    board = trained["leaderboard"]
-    order = rank_board(board, HEADLINE)
-    families = (
-        ("Place metrics (%): real places only; a new place is a miss", PLACE_KEYS),
-        ("P(new place): share of new targets (%), ROC-AUC (%), Brier", NEW_PLACE_KEYS),
-        (
-            "Reference protocol metrics (%): classes 0 and 1 ranked too (for published comparisons)",
-            REFERENCE_KEYS,
-        ),
+    ranked = build_leaderboard(
+        trained["leaderboard"], champions(trained.get("promotion") or {}, tracking.registered_name)
     )
-    for title, keys in families:
-        lines += [f"**{title}**, test split, mean ± std over seeds", ""]
-        lines += ["| model | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
-        for kind in order:
-            row = board[kind]
-            cells = [format_summary(row[k]) for k in keys]
-            lines.append(f"| {kind} | {row[HEADLINE]['n']} | " + " | ".join(cells) + " |")
-        lines.append("")
+    lines += summary_tables_markdown(ranked)
     lines += ["| model | seed | test place acc@1 | test acc@1 | MLflow run |", "|---|---|---|---|---|"]
     for run in trained["runs"]:
         results = run["results"]
@@ -114,14 +106,7 @@ def render_summary(
             f"| {run['kind']} | {run['seed']} | {results['place_acc@1']:.2f} | {results['acc@1']:.2f} "
             f"| {link(run['run_id'])} |"
         )
-    if trained.get("promotion"):
-        lines += ["", "Champion (`champion` alias; the one champion rule, see the README):", ""]
-        for kind, decision in trained["promotion"].items():
-            text = decision.get("decision") or tracking.decision_text(kind, decision)
-            verdict, _, rest = text.partition(": ")
-            lines.append(f"- `{tracking.registered_name(kind)}`: **{verdict}**: {rest}")
-            for group, values in (decision.get("groups") or {}).items():
-                lines.append(f"  - users {group}: {values['n']} samples, delta {values['delta']:+.2f}")
+    lines += summary_champions_markdown(ranked)
     return "\n".join(lines) + "\n"
 
 

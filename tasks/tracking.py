@@ -1,4 +1,7 @@
-"""MLflow, in one place: tracking URI, experiment, runs, model logging, registry and aliases.
+"""MLflow, behind two modules: this one (tracking URI, experiment, runs and their artifacts, logging and
+describing registered versions, the leaderboard on the parent run, store copies) and :mod:`tasks.registry`
+(a registered version's bundle, the ``champion`` alias and the records of its decisions). Callers catch
+:class:`MlflowException` from here.
 
 Nothing happens at import. ``configure()`` chooses the backend explicitly: by default a SQLite store
 ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` (MLflow >= 3.7 changed its implicit
@@ -13,27 +16,26 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
-import yaml
 from mlflow import MlflowClient
 from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
-from nextloc.evaluate import format_summary, rank_board
+from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.metrics import HEADLINE
 from nextloc.serving import BUNDLE_ARTIFACT
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "nextloc-geolife"
-CHAMPION = "champion"
 
 # How the MLflow UI (3.17) shows the experiment. Its kind tag says "model training" (not a GenAI app); the UI
 # itself opens an experiment on the runs only with ``?workflowType=machine_learning`` in the URL (or once the
@@ -97,7 +99,7 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
             artifact_location = (Path(uri[len("sqlite:///") :]).parent / "artifacts").resolve().as_uri()
         elif uri.startswith(("postgresql", "mysql", "mssql")):  # a database store: artifacts stay on disk
             artifact_location = (Path.cwd() / "mlruns" / "artifacts").resolve().as_uri()
-        with contextlib.suppress(mlflow.exceptions.MlflowException):  # created concurrently
+        with contextlib.suppress(MlflowException):  # created concurrently
             client.create_experiment(experiment, artifact_location=artifact_location)
         exp = client.get_experiment_by_name(experiment)
     _present_experiment(client, exp.experiment_id, exp.tags)
@@ -156,7 +158,7 @@ def log_input(dataset: Any, context: str, attempts: int = 5) -> None:
         try:
             mlflow.log_input(dataset, context=context)
             return
-        except mlflow.exceptions.MlflowException as err:
+        except MlflowException as err:
             if "UNIQUE constraint failed" not in str(err) or attempt == attempts:
                 raise
             logger.info("dataset row inserted concurrently; logging the input again (%d)", attempt)
@@ -195,6 +197,37 @@ def log_dict_artifact(run_id: str, data: Any, name: str) -> None:
 def log_file_artifact(run_id: str, path: Path, artifact_path: str | None = None) -> None:
     """Log a file artifact to a run."""
     MlflowClient().log_artifact(run_id, str(path), artifact_path)
+
+
+def download_run_artifacts(run_id: str, artifact_path: str, dst: Path) -> Path:
+    """Download a run's artifact (file or folder) under ``dst`` and return its local path.
+
+    Raises:
+        MlflowException: no such run or artifact (an artifact store may raise ``OSError`` instead).
+    """
+    return Path(
+        mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, dst_path=str(dst))
+    )
+
+
+def run_tags(run_id: str) -> dict[str, str]:
+    """A run's tags."""
+    return dict(MlflowClient().get_run(run_id).data.tags)
+
+
+def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
+    """Set tags on a run, in order."""
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+
+def search_model_runs(experiment: str) -> pd.DataFrame:
+    """Every model run of the experiment (runs tagged ``model``), newest first, as MLflow's runs table:
+    one row per run, columns ``tags.<tag>`` and ``metrics.<metric>``."""
+    return mlflow.search_runs(
+        experiment_names=[experiment], filter_string="tags.model != ''", order_by=["start_time DESC"]
+    )
 
 
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
@@ -242,17 +275,6 @@ def log_model(
         pip_requirements=pip_requirements,
     )
     return info.model_uri, str(info.registered_model_version)
-
-
-def download_bundle(model_uri: str, dst: Path) -> Path:
-    """Download a registered model and return its bundle folder, or its model folder for a model logged
-    without one (which :func:`tasks.evaluate.load_registered` refuses)."""
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
-    spec = yaml.safe_load((local / "MLmodel").read_text())
-    artifacts = spec.get("flavors", {}).get("python_function", {}).get("artifacts") or {}
-    if BUNDLE_ARTIFACT in artifacts:
-        return local / artifacts[BUNDLE_ARTIFACT]["path"]
-    return local
 
 
 def parent_run_name(started: datetime, models: list[str]) -> str:
@@ -337,30 +359,15 @@ def _prefect_links(tags: dict[str, str]) -> str:
     return "\n\n".join(lines)
 
 
-def decision_text(kind: str, decision: dict[str, Any]) -> str:
-    """One sentence for a champion decision, the same on the parent run, the challenger's run, its registry
-    version and in ``leaderboard.json``: ``promoted: v2 (seed 1) is the champion of nextloc-mhsa (...)``."""
-    name = registered_name(kind)
-    version = decision.get("challenger_version")
-    if not version:
-        return f"kept: {decision.get('reason', '')}"
-    seed = decision.get("challenger_seed")
-    who = f"v{version}" + (f" (seed {seed})" if seed is not None else "")
-    if decision.get("promoted"):
-        return f"promoted: {who} is the champion of {name} ({decision.get('reason', '')})"
-    holder = decision.get("champion_version", version)
-    if holder == version:
-        return f"kept: {who} already is the champion of {name} ({decision.get('reason', '')})"
-    return f"kept: v{holder} stays the champion of {name}; challenger {who}: {decision.get('reason', '')}"
-
-
 def log_leaderboard(
     parent_run_id: str, board: dict[str, Any], runs: list[dict[str, Any]], promotion: dict[str, Any]
 ) -> None:
     """The leaderboard on the parent run: ``leaderboard.json`` (with the runs and the champion decisions, each
     with its ``decision`` sentence), per model kind the mean and standard deviation over seeds of every test
     metric (``<kind>.test_<metric>_mean`` / ``_std``), and the leaderboard as the run's description."""
-    promotion = {kind: {"decision": decision_text(kind, d), **d} for kind, d in promotion.items()}
+    promotion = {
+        kind: {"decision": decision_text(registered_name(kind), d), **d} for kind, d in promotion.items()
+    }
     log_dict_artifact(
         parent_run_id, {"leaderboard": board, "promotion": promotion, "runs": runs}, "leaderboard.json"
     )
@@ -376,29 +383,8 @@ def log_leaderboard(
     for start in range(0, len(metrics), 1000):  # MLflow's batch limit
         client.log_batch(parent_run_id, metrics=metrics[start : start + 1000])
     links = client.get_run(parent_run_id).data.tags.get(DESCRIPTION_TAG, "")
-    client.set_tag(parent_run_id, DESCRIPTION_TAG, leaderboard_markdown(board, promotion, links))
-
-
-def leaderboard_markdown(board: dict[str, Any], promotion: dict[str, Any], preface: str = "") -> str:
-    """The parent run's description: test leaderboard (mean ± std over seeds, best place Acc@1 first), the
-    champion decisions, then ``preface`` (the Prefect links)."""
-    keys = (HEADLINE, "place_mrr", "acc@1", "mrr")
-    lines = [
-        "**Test leaderboard**, mean ± std over seeds (%; metrics `<kind>.test_<metric>_mean` / `_std`)",
-        "",
-        "| model | seeds | " + " | ".join(keys) + " |",
-        "|---|---|" + "---|" * len(keys),
-    ]
-    for kind in rank_board(board, HEADLINE):
-        row = board[kind]
-        cells = " | ".join(format_summary(row.get(key)) for key in keys)
-        lines.append(f"| {kind} | {row[HEADLINE]['n']} | {cells} |")
-    if promotion:
-        lines += ["", "**Champions** (`champion` alias):", ""]
-        lines += [f"- `{registered_name(kind)}`: {d['decision']}" for kind, d in promotion.items()]
-    if preface:
-        lines += ["", preface]
-    return "\n".join(lines)
+    ranked = build_leaderboard(board, champions(promotion, registered_name))
+    client.set_tag(parent_run_id, DESCRIPTION_TAG, description_markdown(ranked, links))
 
 
 #: Tables never copied: the schema version (checked instead) and the live server's scheduler state.

@@ -86,28 +86,88 @@ def test_configure_presents_the_experiment_for_the_ui(store: str) -> None:
     )
 
 
-def test_decision_text_tells_one_story() -> None:
-    promoted = {
-        "promoted": True,
-        "reason": "no champion yet",
-        "challenger_version": "2",
-        "challenger_seed": 1,
-    }
-    assert tracking.decision_text("mhsa", promoted) == (
-        "promoted: v2 (seed 1) is the champion of nextloc-mhsa (no champion yet)"
-    )
-    kept = {**promoted, "promoted": False, "champion_version": "1", "reason": "delta 0.1 < 0.5"}
-    assert tracking.decision_text("mhsa", kept) == (
-        "kept: v1 stays the champion of nextloc-mhsa; challenger v2 (seed 1): delta 0.1 < 0.5"
-    )
-    assert tracking.decision_text("mhsa", {"promoted": False, "reason": "no registered version"}) == (
-        "kept: no registered version"
-    )
-
-
 def test_run_names() -> None:
     from datetime import UTC, datetime
 
     assert tracking.child_run_name("pointer_plus", 3) == "pointer_plus s3"
     started = datetime(2026, 11, 23, 21, 40, tzinfo=UTC)
     assert tracking.parent_run_name(started, ["markov", "mhsa", "markov"]) == "2026-11-23 21:40 markov, mhsa"
+
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "leaderboard"
+
+
+def test_log_leaderboard_records_the_board_on_the_parent_run(store: str) -> None:
+    """The parent run's description (pinned text), leaderboard.json and the mean/std metrics."""
+    import json
+
+    sample = json.loads((GOLDEN / "sample.json").read_text())
+    experiment_id = tracking.configure(store, "t")
+    links = {"prefect.root_flow_run_id": "x", "prefect.root_flow_run_url": "http://p/x"}
+    with tracking.parent_run(experiment_id, "p", links, {}) as run_id:
+        tracking.log_leaderboard(run_id, sample["leaderboard"], sample["runs"], sample["promotion"])
+    run = mlflow.MlflowClient().get_run(run_id)
+    assert run.data.tags[tracking.DESCRIPTION_TAG] == (GOLDEN / "description.md").read_text()
+    assert run.data.metrics["mhsa.test_place_acc_at_1_mean"] == pytest.approx(20.185)
+    assert run.data.metrics["markov.test_new_place_brier_std"] == 0.0
+    assert "ranker.test_place_acc_at_1_std" in run.data.metrics
+    assert "ranker.test_place_acc_at_1_mean" not in run.data.metrics  # NaN is not logged
+    folder = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="leaderboard.json")
+    logged = json.loads(Path(folder).read_text())
+    assert set(logged) == {"leaderboard", "promotion", "runs"}
+    assert logged["promotion"]["ranker"]["decision"] == "kept: no registered ranker version in this run"
+    assert logged["promotion"]["mhsa"]["decision"].startswith("promoted: v3 (seed 1) is the champion")
+
+
+def test_champion_alias_and_decision_records(store: str) -> None:
+    """tasks.registry: who holds the alias, moving it, and the decision on runs and versions."""
+    from tasks import registry
+
+    client = tracking.MlflowClient()
+    experiment_id = tracking.configure(store, "t")
+    name = tracking.registered_name("mhsa")
+    client.create_registered_model(name)
+    runs = [client.create_run(experiment_id).info.run_id for _ in range(2)]
+    for run_id in runs:
+        client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id)
+    assert registry.champion_holder("mhsa") is None
+    assert registry.champion_holder("never_registered") is None
+    registry.move_champion("mhsa", "1")
+    assert registry.champion_holder("mhsa") == registry.Holder("1", runs[0])
+    decision = {
+        "metric": "test place_mrr",
+        "promoted": False,
+        "reason": "not better",
+        "challenger_version": "2",
+        "challenger_run_id": runs[1],
+        "champion_version": "1",
+        "challenger_score": 10.0,
+        "champion_score": 11.0,
+        "delta": -1.0,
+        "p_value": 0.9,
+        "decision": "kept: v1 stays the champion",
+    }
+    with tracking.parent_run(experiment_id, "p", {}, {}) as parent_id:
+        registry.record_decision(parent_id, "mhsa", decision)
+    parent = client.get_run(parent_id).data
+    assert parent.metrics["champion_challenger.mhsa.champion_test_place_mrr"] == 11.0
+    assert parent.metrics["champion_challenger.mhsa.p_value"] == 0.9
+    assert parent.tags["champion_challenger.mhsa.decision"] == "kept"
+    assert tracking.run_tags(runs[1])["champion_decision"] == "kept: v1 stays the champion"
+    assert client.get_model_version(name, "2").tags["champion_decision"] == "kept: v1 stays the champion"
+    assert client.get_model_version(name, "1").tags["champion_kept"] == "kept: v1 stays the champion"
+    assert registry.champion_holder("mhsa") == registry.Holder("1", runs[0])
+
+
+def test_search_model_runs_and_run_artifacts(store: str, tmp_path: Path) -> None:
+    experiment_id = tracking.configure(store, "t")
+    client = tracking.MlflowClient()
+    model_run = client.create_run(experiment_id, tags={"model": "markov", "seed": "0"}).info.run_id
+    client.create_run(experiment_id, tags={"kind": "pipeline"})
+    tracking.set_run_tags(model_run, {"a": "1", "b": "2"})
+    assert {"a": "1", "b": "2"}.items() <= tracking.run_tags(model_run).items()
+    assert list(tracking.search_model_runs("t")["run_id"]) == [model_run]
+    tracking.log_dict_artifact(model_run, {"x": 1}, "x.json")
+    assert (tracking.download_run_artifacts(model_run, "x.json", tmp_path)).read_text().startswith("{")
+    with pytest.raises((tracking.MlflowException, OSError)):
+        tracking.download_run_artifacts(model_run, "vocabulary", tmp_path / "missing")
