@@ -17,7 +17,7 @@ from nextloc.metrics import RESULT_KEYS
 from nextloc.predict import parse_time, predict, read_history, to_histories
 from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
-from tasks import registry, tracking
+from tasks import tracking, versions
 from tasks.catalog import Catalog
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     tracking.configure(tracking_uri, experiment)
     uri = model_uri(kind, alias)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = registry.download_bundle(uri, Path(tmp))
+        folder = versions.download_bundle(uri, Path(tmp))
         if (folder / BUNDLE_FILE).is_file():
             return load_bundle(folder)
     raise ValueError(

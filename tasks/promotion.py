@@ -10,7 +10,7 @@ decision metric (a place metric by default) *and* a paired bootstrap over the sa
 (:func:`nextloc.evaluate.champion_decision`). The test, the p-value, the per-user-group differences (users
 whose data changed since the champion was trained, unchanged users, new users) and the decision are
 recorded on the MLflow parent run, the challenger's run and the challenger's registry version
-(:func:`tasks.registry.record_decision`).
+(:func:`tasks.versions.record_decision`).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from tasks import tracking
 from tasks.caching import CACHE_POLICY, call_cached
 from tasks.catalog import Catalog
 from tasks.evaluate import load_registered, registered_scores
-from tasks.registry import Holder, champion_holder, move_champion, record_decision
 from tasks.tracking import selected_name
 from tasks.train import DataRef, TrackingConfig
+from tasks.versions import Holder, champion_holder, move_champion, record_decision
 
 # validation metrics of the selected model that choose a kind's version among seeds (MLflow name -> key in
 # results.json's ``val``); per-sample test metrics that decide

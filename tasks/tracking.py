@@ -1,6 +1,6 @@
-"""MLflow, behind two modules: this one (tracking URI, experiment, runs and their artifacts, logging and
-describing registered versions, the leaderboard on the parent run, store copies) and :mod:`tasks.registry`
-(a registered version's bundle, the ``champion`` alias and the records of its decisions). Callers catch
+"""MLflow, behind two modules: this one (tracking URI, experiment, runs, their metrics and artifacts, the
+leaderboard on the parent run, store copies) and :mod:`tasks.versions` (registering and describing a
+version, a registered version's bundle, the ``champion`` alias and the records of its decisions). Callers catch
 :class:`MlflowException` from here.
 
 Nothing happens at import. ``configure()`` chooses the backend explicitly: by default a SQLite store
@@ -26,12 +26,9 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
-from mlflow.models import ModelSignature
-from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.metrics import HEADLINE
-from nextloc.serving import BUNDLE_ARTIFACT
 
 logger = logging.getLogger(__name__)
 
@@ -230,53 +227,6 @@ def search_model_runs(experiment: str) -> pd.DataFrame:
     )
 
 
-PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
-
-
-def model_signature() -> ModelSignature:
-    """The registered models' signature: visits as named, typed columns; params ``k`` and ``at``.
-
-    Times are ISO 8601 text (a zone may be given; none means UTC): MLflow's ``datetime`` type takes
-    zone-naive values only, and text lets the model name the row of an unparsable time.
-    """
-    return ModelSignature(
-        inputs=Schema(
-            [
-                ColSpec("long", "user_id"),
-                ColSpec("string", "started_at"),
-                ColSpec("string", "finished_at"),
-                ColSpec("double", "latitude"),
-                ColSpec("double", "longitude"),
-                ColSpec("string", "history_id", required=False),
-            ]
-        ),
-        params=ParamSchema([ParamSpec("k", "long", 5), ParamSpec("at", "string", "")]),
-    )
-
-
-def log_model(
-    bundle_dir: Path, example: pd.DataFrame | None, kind: str, pip_requirements: list[str]
-) -> tuple[str, str]:
-    """Log a model bundle (inside the active run) as a models-from-code pyfunc and register it.
-
-    The code is :data:`PYFUNC_CODE`, the weights and config the bundle (:func:`nextloc.serving.save_bundle`):
-    nothing is pickled.
-
-    Returns:
-        ``(model_uri, registered version)``.
-    """
-    info = mlflow.pyfunc.log_model(
-        name="model",
-        python_model=str(PYFUNC_CODE),
-        artifacts={BUNDLE_ARTIFACT: str(bundle_dir)},
-        signature=model_signature(),
-        input_example=example,
-        registered_model_name=registered_name(kind),
-        pip_requirements=pip_requirements,
-    )
-    return info.model_uri, str(info.registered_model_version)
-
-
 def parent_run_name(started: datetime, models: list[str]) -> str:
     """A parent run's name: when (UTC, to the minute) and which models, e.g. ``2026-11-23 21:40 markov, mhsa``."""
     return f"{started:%Y-%m-%d %H:%M} {', '.join(dict.fromkeys(models))}"
@@ -285,43 +235,6 @@ def parent_run_name(started: datetime, models: list[str]) -> str:
 def child_run_name(kind: str, seed: int) -> str:
     """A model run's name, short enough for the runs table: ``pointer_plus s0``."""
     return f"{kind} s{seed}"
-
-
-VERSION_SCORES = (HEADLINE, "place_mrr", "acc@1", "mrr")
-
-
-PROFILE_NOTICE = (
-    ". Personal data: this version carries each training user's routine profile (profile.parquet in its "
-    "bundle): visit counts per place, time-of-day slot, kind of day and move between places, and the time of "
-    "the last visit per place; no list of visits. Delete the version to delete the profiles."
-)
-
-
-def describe_version(
-    kind: str, version: str, seed: int, data_fingerprint: str, results: dict[str, Any]
-) -> None:
-    """Tag and describe a registered version so the registry tells versions apart: model kind, seed, data
-    fingerprint, test scores, the validation score the champion rule selects seeds by, and the selected epoch.
-    (The champion decision is added by :mod:`tasks.promotion`.)"""
-    client = MlflowClient()
-    name = registered_name(kind)
-    val = results.get("val", {})
-    tags = {
-        "model": kind,
-        "seed": str(seed),
-        "data_fingerprint": data_fingerprint,
-        **{f"test_{mlflow_name(key)}": f"{results[key]:.2f}" for key in VERSION_SCORES if key in results},
-        **{selected_name(key): f"{val[key]:.2f}" for key in VERSION_SCORES if key in val},
-    }
-    if results.get(SELECTED_EPOCH) is not None:
-        tags[SELECTED_EPOCH] = str(results[SELECTED_EPOCH])
-    for key, value in tags.items():
-        client.set_model_version_tag(name, version, key, value)
-    scores = ", ".join(f"{key} {results[key]:.2f}" for key in VERSION_SCORES if key in results)
-    description = f"{kind} seed {seed}, data {data_fingerprint[:12]}: test {scores} (%)"
-    if results.get("holds_profile"):
-        description += PROFILE_NOTICE
-    client.update_model_version(name, version, description=description)
 
 
 @contextlib.contextmanager

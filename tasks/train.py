@@ -27,7 +27,7 @@ from nextloc.sequences import SPLITS
 from nextloc.serving import save_bundle
 from nextloc.storage import write_json, write_parquet, write_with
 from nextloc.train import TrainConfig, fit_model, fit_seed_ensemble, resolve_device
-from tasks import tracking
+from tasks import tracking, versions
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
 from tasks.catalog import Catalog
 from tasks.plots import plot_per_user, plot_training_curves
@@ -177,7 +177,7 @@ def _record(
     results_json.update(
         {"model_uri": model_uri, "registered_version": version, "holds_profile": profile is not None}
     )
-    tracking.describe_version(kind, version, seed, data.fingerprint, results_json)
+    versions.describe_version(kind, version, seed, data.fingerprint, results_json)
     write_json(results_json, run_dir / "results.json")
 
 
@@ -263,7 +263,7 @@ def _log_bundle(kind: str, model, meta: dict, evaluation: Evaluation, catalog: C
             users=vocab["users"],
             profile=profile,
         )
-        return tracking.log_model(bundle, example, kind, _requirements())
+        return versions.log_model(bundle, example, kind, _requirements())
 
 
 def _scoring(result: dict[str, Any]) -> dict[str, Any]:

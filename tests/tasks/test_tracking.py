@@ -120,8 +120,8 @@ def test_log_leaderboard_records_the_board_on_the_parent_run(store: str) -> None
 
 
 def test_champion_alias_and_decision_records(store: str) -> None:
-    """tasks.registry: who holds the alias, moving it, and the decision on runs and versions."""
-    from tasks import registry
+    """tasks.versions: who holds the alias, moving it, and the decision on runs and versions."""
+    from tasks import versions
 
     client = tracking.MlflowClient()
     experiment_id = tracking.configure(store, "t")
@@ -130,10 +130,10 @@ def test_champion_alias_and_decision_records(store: str) -> None:
     runs = [client.create_run(experiment_id).info.run_id for _ in range(2)]
     for run_id in runs:
         client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id)
-    assert registry.champion_holder("mhsa") is None
-    assert registry.champion_holder("never_registered") is None
-    registry.move_champion("mhsa", "1")
-    assert registry.champion_holder("mhsa") == registry.Holder("1", runs[0])
+    assert versions.champion_holder("mhsa") is None
+    assert versions.champion_holder("never_registered") is None
+    versions.move_champion("mhsa", "1")
+    assert versions.champion_holder("mhsa") == versions.Holder("1", runs[0])
     decision = {
         "metric": "test place_mrr",
         "promoted": False,
@@ -148,7 +148,7 @@ def test_champion_alias_and_decision_records(store: str) -> None:
         "decision": "kept: v1 stays the champion",
     }
     with tracking.parent_run(experiment_id, "p", {}, {}) as parent_id:
-        registry.record_decision(parent_id, "mhsa", decision)
+        versions.record_decision(parent_id, "mhsa", decision)
     parent = client.get_run(parent_id).data
     assert parent.metrics["champion_challenger.mhsa.champion_test_place_mrr"] == 11.0
     assert parent.metrics["champion_challenger.mhsa.p_value"] == 0.9
@@ -156,7 +156,7 @@ def test_champion_alias_and_decision_records(store: str) -> None:
     assert tracking.run_tags(runs[1])["champion_decision"] == "kept: v1 stays the champion"
     assert client.get_model_version(name, "2").tags["champion_decision"] == "kept: v1 stays the champion"
     assert client.get_model_version(name, "1").tags["champion_kept"] == "kept: v1 stays the champion"
-    assert registry.champion_holder("mhsa") == registry.Holder("1", runs[0])
+    assert versions.champion_holder("mhsa") == versions.Holder("1", runs[0])
 
 
 def test_search_model_runs_and_run_artifacts(store: str, tmp_path: Path) -> None:

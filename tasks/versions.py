@@ -1,0 +1,188 @@
+"""The MLflow model registry: registering and describing a trained version (:func:`log_model`,
+:func:`describe_version`), downloading a registered version's bundle, the ``champion`` alias (which version
+holds it, moving it) and the records of a champion decision.
+
+The second MLflow module beside :mod:`tasks.tracking` (runs, metrics, artifacts), which names the registered
+models (:func:`tasks.tracking.registered_name`). The rule that decides is :mod:`tasks.promotion` with
+:func:`nextloc.evaluate.champion_decision`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+import yaml
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+from nextloc.metrics import HEADLINE
+from nextloc.serving import BUNDLE_ARTIFACT
+from tasks import tracking
+
+CHAMPION = "champion"
+
+
+def download_bundle(model_uri: str, dst: Path) -> Path:
+    """Download a registered model and return its bundle folder, or its model folder for a model logged
+    without one (which :func:`tasks.evaluate.load_registered` refuses)."""
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
+    spec = yaml.safe_load((local / "MLmodel").read_text())
+    artifacts = spec.get("flavors", {}).get("python_function", {}).get("artifacts") or {}
+    if BUNDLE_ARTIFACT in artifacts:
+        return local / artifacts[BUNDLE_ARTIFACT]["path"]
+    return local
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The registered version holding the alias and the run that logged it."""
+
+    version: str
+    run_id: str
+
+
+def champion_holder(kind: str) -> Holder | None:
+    """The version of ``nextloc-<kind>`` holding the ``champion`` alias; None without one (or without the
+    registered model)."""
+    with contextlib.suppress(MlflowException):
+        version = MlflowClient().get_model_version_by_alias(tracking.registered_name(kind), CHAMPION)
+        return Holder(str(version.version), version.run_id)
+    return None
+
+
+def move_champion(kind: str, version: str) -> None:
+    """Give the ``champion`` alias of ``nextloc-<kind>`` to ``version``."""
+    MlflowClient().set_registered_model_alias(tracking.registered_name(kind), CHAMPION, version)
+
+
+def record_decision(parent_run_id: str, kind: str, decision: dict[str, Any]) -> None:
+    """Record a champion decision (with its ``decision`` sentence).
+
+    The parent run gets the scores and test statistics as metrics, the decision as tags and the whole
+    decision as ``champion_challenger_<kind>.json``. The challenger's run and registry version get the
+    sentence as ``champion_decision``; a champion that stays also gets it as ``champion_kept``, next to the
+    decision that made it champion. A rerun of the same trainings (the challenger already is the champion)
+    leaves the run and version with that decision.
+    """
+    prefix = f"champion_challenger.{kind}"
+    metric = tracking.mlflow_name(decision.get("metric", "").removeprefix("test "))
+    values = {
+        f"{prefix}.challenger_test_{metric}": decision.get("challenger_score"),
+        f"{prefix}.champion_test_{metric}": decision.get("champion_score"),
+        f"{prefix}.delta": decision.get("delta"),
+        f"{prefix}.p_value": decision.get("p_value"),
+    }
+    client = MlflowClient()
+    for key, value in values.items():
+        if value is not None:
+            client.log_metric(parent_run_id, key, float(value))
+    verdict = "promoted" if decision["promoted"] else "kept"
+    client.set_tag(parent_run_id, f"{prefix}.decision", verdict)
+    client.set_tag(parent_run_id, f"{prefix}.reason", decision["reason"][:500])
+    tracking.log_dict_artifact(parent_run_id, decision, f"champion_challenger_{kind}.json")
+    if decision.get("champion_version") == decision.get("challenger_version"):
+        return
+    text = decision["decision"][:500]
+    if decision.get("challenger_run_id"):
+        client.set_tag(decision["challenger_run_id"], "champion_decision", text)
+    name = tracking.registered_name(kind)
+    if decision.get("challenger_version"):
+        client.set_model_version_tag(name, decision["challenger_version"], "champion_decision", text)
+    holder = decision.get("champion_version")
+    if holder and not decision["promoted"]:
+        client.set_model_version_tag(name, holder, "champion_kept", text)
+
+
+PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
+
+
+def model_signature() -> ModelSignature:
+    """The registered models' signature: visits as named, typed columns; params ``k`` and ``at``.
+
+    Times are ISO 8601 text (a zone may be given; none means UTC): MLflow's ``datetime`` type takes
+    zone-naive values only, and text lets the model name the row of an unparsable time.
+    """
+    return ModelSignature(
+        inputs=Schema(
+            [
+                ColSpec("long", "user_id"),
+                ColSpec("string", "started_at"),
+                ColSpec("string", "finished_at"),
+                ColSpec("double", "latitude"),
+                ColSpec("double", "longitude"),
+                ColSpec("string", "history_id", required=False),
+            ]
+        ),
+        params=ParamSchema([ParamSpec("k", "long", 5), ParamSpec("at", "string", "")]),
+    )
+
+
+def log_model(
+    bundle_dir: Path, example: pd.DataFrame | None, kind: str, pip_requirements: list[str]
+) -> tuple[str, str]:
+    """Log a model bundle (inside the active run) as a models-from-code pyfunc and register it.
+
+    The code is :data:`PYFUNC_CODE`, the weights and config the bundle (:func:`nextloc.serving.save_bundle`):
+    nothing is pickled.
+
+    Returns:
+        ``(model_uri, registered version)``.
+    """
+    info = mlflow.pyfunc.log_model(
+        name="model",
+        python_model=str(PYFUNC_CODE),
+        artifacts={BUNDLE_ARTIFACT: str(bundle_dir)},
+        signature=model_signature(),
+        input_example=example,
+        registered_model_name=tracking.registered_name(kind),
+        pip_requirements=pip_requirements,
+    )
+    return info.model_uri, str(info.registered_model_version)
+
+
+VERSION_SCORES = (HEADLINE, "place_mrr", "acc@1", "mrr")
+
+
+PROFILE_NOTICE = (
+    ". Personal data: this version carries each training user's routine profile (profile.parquet in its "
+    "bundle): visit counts per place, time-of-day slot, kind of day and move between places, and the time of "
+    "the last visit per place; no list of visits. Delete the version to delete the profiles."
+)
+
+
+def describe_version(
+    kind: str, version: str, seed: int, data_fingerprint: str, results: dict[str, Any]
+) -> None:
+    """Tag and describe a registered version so the registry tells versions apart: model kind, seed, data
+    fingerprint, test scores, the validation score the champion rule selects seeds by, and the selected epoch.
+    (The champion decision is added by :mod:`tasks.promotion`.)"""
+    client = MlflowClient()
+    name = tracking.registered_name(kind)
+    val = results.get("val", {})
+    tags = {
+        "model": kind,
+        "seed": str(seed),
+        "data_fingerprint": data_fingerprint,
+        **{
+            f"test_{tracking.mlflow_name(key)}": f"{results[key]:.2f}"
+            for key in VERSION_SCORES
+            if key in results
+        },
+        **{tracking.selected_name(key): f"{val[key]:.2f}" for key in VERSION_SCORES if key in val},
+    }
+    if results.get(tracking.SELECTED_EPOCH) is not None:
+        tags[tracking.SELECTED_EPOCH] = str(results[tracking.SELECTED_EPOCH])
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    scores = ", ".join(f"{key} {results[key]:.2f}" for key in VERSION_SCORES if key in results)
+    description = f"{kind} seed {seed}, data {data_fingerprint[:12]}: test {scores} (%)"
+    if results.get("holds_profile"):
+        description += PROFILE_NOTICE
+    client.update_model_version(name, version, description=description)
