@@ -39,8 +39,9 @@ def recipe_step(
     import torch
 
     from nextloc.data import SampleTensors
-    from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
+    from nextloc.models import build_model
     from nextloc.models.dropout import PCG64Dropout, drawing_from
+    from nextloc.models.registry import kind as kind_entry
     from nextloc.train import TrainConfig, _loss, seed_everything
 
     meta = json.loads((data_dir / "metadata.json").read_text())
@@ -68,7 +69,7 @@ def recipe_step(
     def loss_of(batch: Any) -> Any:
         if hasattr(model, "training_loss"):
             return model.training_loss(batch, config.label_smoothing)
-        return _loss(model(batch), batch.target, OUTPUT_IS_LOG_PROB[kind], config.label_smoothing)
+        return _loss(model(batch), batch.target, kind_entry(kind).log_prob_output, config.label_smoothing)
 
     loss_fn = wrap_loss(loss_of) if wrap_loss is not None else loss_of
 

@@ -156,7 +156,8 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
 
     from nextloc.data import SampleTensors
     from nextloc.evaluate import model_scores, score_split
-    from nextloc.models import OUTPUT_IS_LOG_PROB, build_model, count_parameters
+    from nextloc.models import build_model, count_parameters
+    from nextloc.models.registry import kind as kind_entry
     from nextloc.train import TrainConfig, fit_model
 
     meta = json.loads((data_dir / "metadata.json").read_text())
@@ -182,7 +183,7 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
     config = TrainConfig.for_recipe(kind, seed=seed, **limit)
     start = time.perf_counter()
     selection, refit = fit_model(
-        build, splits["train"], splits["val"], config, log_prob_output=OUTPUT_IS_LOG_PROB[kind]
+        build, splits["train"], splits["val"], config, log_prob_output=kind_entry(kind).log_prob_output
     )
     wall = time.perf_counter() - start
     final = refit or selection

@@ -92,7 +92,8 @@ def run_setup(name: str) -> dict[str, Any]:
     import torch
 
     from nextloc.data import SampleTensors
-    from nextloc.models import OUTPUT_IS_LOG_PROB, build_model
+    from nextloc.models import build_model
+    from nextloc.models.registry import kind as kind_entry
     from nextloc.train import TrainConfig, fit_model
 
     kind, overrides = SETUPS[name]
@@ -106,7 +107,7 @@ def run_setup(name: str) -> dict[str, Any]:
         return build_model(kind, LOCATIONS, USERS, **extra)
 
     config = TrainConfig.for_recipe(kind, **overrides)
-    result, _ = fit_model(build, train, val, config, log_prob_output=OUTPUT_IS_LOG_PROB[kind])
+    result, _ = fit_model(build, train, val, config, log_prob_output=kind_entry(kind).log_prob_output)
     return {
         "weights_sha256": weights_digest(result.model.state_dict()),
         "best_epoch": result.best_epoch,

@@ -50,7 +50,7 @@ from tasks.promotion import (
     DEFAULT_MIN_EFFECT,
     DEFAULT_PROMOTE_METRIC,
     DecisionMetric,
-    SelectMetric,
+    PromoteMetric,
 )
 from tasks.runners import make_task_runner
 from tasks.train import ModelKind
@@ -81,7 +81,7 @@ def preprocess_train(
     train_overrides: TrainOverrides | None = None,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     workers: Annotated[int, Field(ge=1)] = 2,
-    promote_metric: SelectMetric = DEFAULT_PROMOTE_METRIC,
+    promote_metric: PromoteMetric = DEFAULT_PROMOTE_METRIC,
     decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
     min_effect: Annotated[float, Field(ge=0)] = DEFAULT_MIN_EFFECT,
     match_radius_m: Annotated[float, Field(gt=0)] = 50.0,

@@ -24,7 +24,7 @@ from tasks.promotion import (
     DEFAULT_MIN_EFFECT,
     DEFAULT_PROMOTE_METRIC,
     DecisionMetric,
-    SelectMetric,
+    PromoteMetric,
     champion_challenger,
 )
 from tasks.runners import share_api_with_workers, training_runner
@@ -48,7 +48,7 @@ def train(
     tracking_uri: str | None = None,
     experiment: str = tracking.DEFAULT_EXPERIMENT,
     device: str = "auto",
-    promote_metric: SelectMetric = DEFAULT_PROMOTE_METRIC,
+    promote_metric: PromoteMetric = DEFAULT_PROMOTE_METRIC,
     decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
     min_effect: Annotated[float, Field(ge=0)] = DEFAULT_MIN_EFFECT,
     match_radius_m: Annotated[float, Field(gt=0)] = 50.0,

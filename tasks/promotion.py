@@ -43,7 +43,6 @@ PROMOTE_KEYS = {selected_name(key): key for key in (*PLACE_KEYS, *REFERENCE_KEYS
 PROMOTE_METRICS = tuple(PROMOTE_KEYS)
 DECISION_METRICS = tuple(key for key in (*PLACE_KEYS, *REFERENCE_KEYS) if not key.endswith("f1"))
 PromoteMetric = Literal[PROMOTE_METRICS]  # type: ignore[valid-type]
-SelectMetric = PromoteMetric  # the name flows/train.py and flows/pipeline.py import
 DecisionMetric = Literal[DECISION_METRICS]  # type: ignore[valid-type]
 DEFAULT_PROMOTE_METRIC = selected_name("place_mrr")
 DEFAULT_DECISION_METRIC = "place_mrr"

@@ -13,9 +13,6 @@ from torch import nn
 
 from nextloc.data import Batch
 from nextloc.models import (
-    ENSEMBLES,
-    MODEL_REGISTRY,
-    OUTPUT_IS_LOG_PROB,
     SeedEnsemble,
     build_model,
     count_parameters,
@@ -108,9 +105,11 @@ def test_frequency_bias_is_off_by_default_and_adds_one_parameter():
 
 
 def test_registry_and_build_model_errors():
-    assert set(MODEL_REGISTRY) == set(KINDS)
-    assert set(OUTPUT_IS_LOG_PROB) == set(KINDS) | set(ENSEMBLES)
-    assert OUTPUT_IS_LOG_PROB == {
+    networks = {k: KINDS_REGISTRY[k] for k in KINDS_REGISTRY if KINDS_REGISTRY[k].family == "neural"}
+    ensembles = {k: e for k, e in KINDS_REGISTRY.items() if e.family == "ensemble"}
+    assert set(networks) == set(KINDS)
+    output_is_log_prob = {k: KINDS_REGISTRY[k].log_prob_output for k in [*networks, *ensembles]}
+    assert output_is_log_prob == {
         "mhsa": False,
         "mhsa_diagonal": False,
         "pointer": True,
@@ -119,10 +118,11 @@ def test_registry_and_build_model_errors():
         "pointer_plus_ensemble": True,
         "lstm": False,
     }
-    for member_kind, size in ENSEMBLES.values():
-        assert member_kind in MODEL_REGISTRY
-        assert size >= 2
-    for config_cls, _ in MODEL_REGISTRY.values():
+    for entry in ensembles.values():
+        assert entry.member in networks
+        assert entry.size >= 2
+    for entry in networks.values():
+        config_cls = entry.config
         assert dataclasses.is_dataclass(config_cls)
         assert config_cls.__dataclass_params__.frozen
     with pytest.raises(ValueError, match="transformer"):
@@ -453,7 +453,9 @@ def test_autocast(kind, device, dtype):
     batch = make_batch([1, 6, 3, 12]).to(device)
     with torch.autocast(device_type=device, dtype=dtype):
         out = model(batch)
-        loss = (F.nll_loss if OUTPUT_IS_LOG_PROB[kind] else F.cross_entropy)(out.float(), batch.target)
+        loss = (F.nll_loss if KINDS_REGISTRY[kind].log_prob_output else F.cross_entropy)(
+            out.float(), batch.target
+        )
     loss.backward()
     assert out.device.type == device
     assert out.shape == (4, V)
@@ -471,7 +473,7 @@ def test_autocast(kind, device, dtype):
 def test_tiny_overfit(kind):
     model = small(kind).train()
     batch = make_batch(list(range(1, 17)), seed=5)  # 16 samples, lengths 1..16
-    loss_fn = F.nll_loss if OUTPUT_IS_LOG_PROB[kind] else F.cross_entropy
+    loss_fn = F.nll_loss if KINDS_REGISTRY[kind].log_prob_output else F.cross_entropy
     optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(30):
@@ -540,7 +542,7 @@ def test_seed_ensemble_averages_probabilities():
             torch.manual_seed(seed)
             extra = {"max_seq_len": 16} if kind == "pointer" else {}
             members.append(build_model(kind, V, U, **extra).eval())
-        log_prob = OUTPUT_IS_LOG_PROB[kind]
+        log_prob = KINDS_REGISTRY[kind].log_prob_output
         ensemble = SeedEnsemble(members, log_prob_output=log_prob).eval()
         with torch.no_grad():
             probs = [m(batch).exp() if log_prob else m(batch).softmax(-1) for m in members]
