@@ -9,12 +9,10 @@ any of them.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,6 +20,7 @@ from flows import OFFLINE_DEFAULTS, local_api
 from nextloc.config import PreprocessConfig, flatten, load_config
 from nextloc.inputs import INPUT_FORMATS
 from nextloc.rawdata import DEFAULT_RAW_DIR
+from tasks import compat
 
 DEFAULT_DATA_DIR = "data/geolife"
 log = logging.getLogger("nextloc.cli")
@@ -45,22 +44,11 @@ def configure_environment(project_dir: Path | None = None) -> None:
 
 
 def entry() -> NoReturn:
-    """The ``nextloc`` console script: :func:`main`, then an exit that skips the interpreter's teardown.
-
-    Freeing every object of torch, pandas, MLflow and Prefect one by one takes about 1.2 s at the end of
-    each command, memory the OS takes back at once anyway. What an exit must do still happens, in order:
-    threading's exit hooks (idle thread-pool workers stop) and the other threads finish, every ``atexit``
-    handler runs (logging's flush, Prefect's and MLflow's own), the standard streams are flushed; then
-    ``os._exit``. An exception leaves the normal way, traceback included.
-    """
+    """The ``nextloc`` console script: :func:`main`, then an exit that skips the interpreter's teardown
+    (:func:`tasks.compat.exit_without_teardown`: the exit hooks, threads and ``atexit`` handlers run first).
+    An exception leaves the normal way, traceback included."""
     code = main()
-    # the interpreter's own first steps of an exit, in its order: threading's exit hooks (they stop the idle
-    # workers of thread pools) and the join of non-daemon threads, then the atexit handlers
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    compat.exit_without_teardown(code)
 
 
 def main(argv: list[str] | None = None) -> int:
