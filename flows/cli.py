@@ -77,7 +77,7 @@ def _report_to_services() -> None:
     """
     if not os.environ.get("PREFECT_API_URL") or os.environ.get("NEXTLOC_TRACKING_URI"):
         return
-    from flows import services
+    import services
 
     client = services.client_settings(Path.cwd())
     if client is not None:
@@ -600,7 +600,7 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 
 def _cmd_services(args: argparse.Namespace) -> int:
-    from flows import services
+    import services
 
     svc = services.Services(Path.cwd(), backend=args.backend)
     if args.action == "start":
@@ -627,7 +627,7 @@ def _cmd_services(args: argparse.Namespace) -> int:
 
 def _copy_store(svc: Any, source: str | None, target: str | None) -> int:
     """``nextloc services copy-store``: the whole MLflow store, table by table, into an empty store."""
-    from flows import services
+    import services
     from tasks import tracking
 
     source = source or f"sqlite:///{Path.cwd().resolve() / 'mlruns' / 'mlflow.db'}"
