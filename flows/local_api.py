@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from tasks import compat
+
 log = logging.getLogger("nextloc.cli.api")
 
 _current: TemporaryAPI | None = None
@@ -248,12 +250,7 @@ def stop() -> None:
     if api is None:
         return
     if api.ready_after_s is not None and "prefect" in sys.modules:
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
-
-        for service in (APILogWorker, EventsWorker):
-            with contextlib.suppress(Exception):
-                service.drain_all(timeout=5)
+        compat.drain_prefect_workers(timeout_s=5)
     api.stop()
     for key, value in (_saved_env or {}).items():
         if value is None:

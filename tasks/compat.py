@@ -195,3 +195,23 @@ def engine_cache_key(task: Any, parameters: dict[str, Any]) -> str | None:
     return task.cache_policy.compute_key(
         task_ctx=SimpleNamespace(task=task), inputs=inputs, flow_parameters={}
     )
+
+
+def drain_prefect_workers(timeout_s: float) -> None:
+    """Send what Prefect's background workers still hold (logs, events) to the API, waiting up to
+    ``timeout_s`` for each.
+
+    The command stops its temporary API before the interpreter's exit, when Prefect would drain them
+    itself; ``drain_all`` of ``APILogWorker`` and ``EventsWorker`` comes from Prefect's private queue
+    service base class. A worker that fails to drain is skipped. Outside its Prefect range: nothing is
+    drained (the last logs and events of the command may miss the temporary API's database).
+    """
+    if not supported("prefect"):
+        _fallback("drain_prefect_workers", "prefect")
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):
+            service.drain_all(timeout=timeout_s)

@@ -162,3 +162,27 @@ class TestEngineCacheKey:
         out_of_range("prefect")
         with pytest.raises(compat.UnsupportedVersion, match="engine_cache_key"):
             compat.engine_cache_key(triple, {"x": 4})
+
+
+class TestDrainPrefectWorkers:
+    def test_drains_the_workers_prefect_started(self, monkeypatch: pytest.MonkeyPatch):
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        drained = []
+        for service in (APILogWorker, EventsWorker):
+            assert callable(service.drain_all)  # the private base class still gives it
+            monkeypatch.setattr(
+                service, "drain_all", classmethod(lambda cls, timeout: drained.append((cls, timeout)))
+            )
+        compat.drain_prefect_workers(timeout_s=5)
+        assert drained == [(APILogWorker, 5), (EventsWorker, 5)]
+
+    def test_out_of_range_nothing_is_drained(self, out_of_range, monkeypatch: pytest.MonkeyPatch):
+        from prefect.logging.handlers import APILogWorker
+
+        out_of_range("prefect")
+        monkeypatch.setattr(
+            APILogWorker, "drain_all", classmethod(lambda cls, timeout: pytest.fail("drained"))
+        )
+        compat.drain_prefect_workers(timeout_s=5)
