@@ -53,13 +53,24 @@ def supported(component: str) -> bool:
     return release is not None and low <= release < high
 
 
+def _versions(component: str) -> tuple[str, str, str]:
+    """``(installed, low, high)`` of ``component``, as text."""
+
+    def text(release: tuple[int, ...] | None) -> str:
+        return ".".join(map(str, release)) if release else "none"
+
+    low, high = RANGES[component]
+    return text(installed_release(component)), text(low), text(high)
+
+
+@functools.cache  # once per shim and process
 def _fallback(shim: str, component: str) -> None:
-    low, high = (".".join(map(str, v)) for v in RANGES[component])
+    installed, low, high = _versions(component)
     log.warning(
-        "%s: %s %s is outside %s..%s (tasks/compat.py); using the public path",
+        "%s: %s %s is outside >=%s,<%s (tasks/compat.py); falling back as its docstring says",
         shim,
         component,
-        ".".join(map(str, installed_release(component) or ())) or "(none)",
+        installed,
         low,
         high,
     )
@@ -71,10 +82,9 @@ class UnsupportedVersion(RuntimeError):
 
 def _require(shim: str, component: str) -> None:
     if not supported(component):
-        low, high = (".".join(map(str, v)) for v in RANGES[component])
+        installed, low, high = _versions(component)
         raise UnsupportedVersion(
-            f"{shim} was written for {component} >={low},<{high}, installed: "
-            f"{'.'.join(map(str, installed_release(component) or ())) or 'none'}; "
+            f"{shim} was written for {component} >={low},<{high}, installed: {installed}; "
             "check tasks/compat.py against the new version and widen RANGES"
         )
 

@@ -65,8 +65,9 @@ class TrainingPoolTaskRunner(ProcessPoolTaskRunner):
     Prefect's runner hands each submission to its process pool from a thread pool of ``max_workers``
     threads, after resolving the submission's inputs, so runs started in whichever order those threads got
     there: seed 4 before seed 3 in one invocation and after it in the next, and so another run left
-    alone at the end and another wall time. Here one thread hands them over, in order. A submission that
-    waits for an upstream future holds back the ones after it; the trainings have no upstream futures.
+    alone at the end and another wall time. Here one thread hands them over, in order
+    (:func:`tasks.compat.submit_in_order`). A submission that waits for an upstream future holds back the
+    ones after it; the trainings have no upstream futures.
     """
 
     def __enter__(self) -> Self:
