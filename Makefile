@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Telemetry off for every tool make runs (make starts before Python; the one Python home of these
+# variables is flows.OFFLINE_DEFAULTS in flows/__init__.py: keep the two in step).
 export DO_NOT_TRACK := true
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_DISABLE_TELEMETRY := true

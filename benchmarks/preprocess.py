@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from flows import OFFLINE_DEFAULTS
+
 REPO = Path(__file__).resolve().parents[1]
 ARCHIVE = REPO.parent / "shared" / "data" / "geolife-1.3-raw.tar.xz"
 
@@ -50,8 +52,7 @@ def main() -> int:
     env = {
         **os.environ,
         "PREFECT_HOME": str(args.work_dir / "prefect"),
-        "DO_NOT_TRACK": "true",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        **OFFLINE_DEFAULTS,
         "PREFECT_LOGGING_LEVEL": "WARNING",
     }
     worker = [

@@ -41,6 +41,8 @@ import threading
 import time
 from pathlib import Path
 
+from flows import OFFLINE_DEFAULTS
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from preprocess import _WRAPPER  # noqa: E402  (the one measuring wrapper, benchmarks/preprocess.py)
 
@@ -405,10 +407,8 @@ def _env(work_dir: Path) -> dict[str, str]:
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         "PREFECT_HOME": str(work_dir / "prefect"),
-        "DO_NOT_TRACK": "true",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        **OFFLINE_DEFAULTS,
         "PREFECT_LOGGING_LEVEL": "WARNING",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
     }
 
 

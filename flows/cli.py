@@ -9,21 +9,24 @@ any of them.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
 from flows import OFFLINE_DEFAULTS, local_api
-from nextloc.config import PreprocessConfig, flatten, load_config
-from nextloc.inputs import INPUT_FORMATS
-from nextloc.rawdata import DEFAULT_RAW_DIR
+from flows.cli_args import (
+    SUBCOMMANDS,
+    check_raw_dir,
+    config_from_args,
+    input_from_args,
+    input_options,
+    parse_value,
+)
+from tasks import compat
 
-DEFAULT_DATA_DIR = "data/geolife"
 log = logging.getLogger("nextloc.cli")
 
 
@@ -45,22 +48,11 @@ def configure_environment(project_dir: Path | None = None) -> None:
 
 
 def entry() -> NoReturn:
-    """The ``nextloc`` console script: :func:`main`, then an exit that skips the interpreter's teardown.
-
-    Freeing every object of torch, pandas, MLflow and Prefect one by one takes about 1.2 s at the end of
-    each command, memory the OS takes back at once anyway. What an exit must do still happens, in order:
-    threading's exit hooks (idle thread-pool workers stop) and the other threads finish, every ``atexit``
-    handler runs (logging's flush, Prefect's and MLflow's own), the standard streams are flushed; then
-    ``os._exit``. An exception leaves the normal way, traceback included.
-    """
+    """The ``nextloc`` console script: :func:`main`, then an exit that skips the interpreter's teardown
+    (:func:`tasks.compat.exit_without_teardown`: the exit hooks, threads and ``atexit`` handlers run first).
+    An exception leaves the normal way, traceback included."""
     code = main()
-    # the interpreter's own first steps of an exit, in its order: threading's exit hooks (they stop the idle
-    # workers of thread pools) and the join of non-daemon threads, then the atexit handlers
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    compat.exit_without_teardown(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +81,7 @@ def _report_to_services() -> None:
     """
     if not os.environ.get("PREFECT_API_URL") or os.environ.get("NEXTLOC_TRACKING_URI"):
         return
-    from flows import services
+    import services
 
     client = services.client_settings(Path.cwd())
     if client is not None:
@@ -116,270 +108,30 @@ def _setup_cli_logging() -> None:
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nextloc", description="GeoLife next-location prediction pipeline.")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("preprocess", help="raw trajectories -> staypoints, samples and metadata (cached).")
-    p.add_argument(
-        "--raw-dir",
-        default=None,
-        help="GeoLife root (Data/NNN/Trajectory/*.plt), a CSV/parquet/visits file or folder, or a GPX folder "
-        "(NNN/*.gpx); default: the --dataset profile's",
-    )
-    p.add_argument(
-        "--data-dir", default=None, help=f"output folder (default data/<dataset>, {DEFAULT_DATA_DIR})"
-    )
-    _add_input_options(p)
-    _add_config_options(p)
-    p.set_defaults(func=_cmd_preprocess)
-
-    r = sub.add_parser(
-        "run", help="the main job: find (or unpack, or download) GeoLife, preprocess, train, evaluate."
-    )
-    r.add_argument("--data-dir", default=None, help=f"default data/<dataset> ({DEFAULT_DATA_DIR})")
-    _add_input_options(r)
-    _add_train_options(r)
-    r.add_argument(
-        "--raw-dir",
-        default=None,
-        help=f"default: $NEXTLOC_GEOLIFE_DIR, {DEFAULT_RAW_DIR}, a local archive, or download",
-    )
-    r.add_argument("--task-runner", choices=["local", "dask"], default="local", help="per-user preprocessing")
-    r.add_argument(
-        "--dask-address", default=None, help="scheduler of an existing Dask cluster (tcp://host:8786)"
-    )
-    r.add_argument("--dask-workers", type=int, default=None, help="processes of a new Dask LocalCluster")
-    r.add_argument(
-        "--dbscan-tiles",
-        type=int,
-        default=0,
-        help="DBSCAN by this many spatial tiles (on the Dask workers with --task-runner dask); 0: one machine",
-    )
-    _add_config_options(r)
-    r.set_defaults(func=_cmd_run)
-
-    t = sub.add_parser(
-        "train", help="train/evaluate models on preprocessed samples; every run goes to MLflow."
-    )
-    t.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    _add_train_options(t)
-    t.set_defaults(func=_cmd_train)
-
-    e = sub.add_parser(
-        "evaluate", help="evaluate a registered model (default: the champion) on a test split."
-    )
-    e.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    e.add_argument("--model", default="ranker")
-    e.add_argument("--alias", default="champion", help="registry alias or version number")
-    e.add_argument("--split", default="test", choices=["train", "val", "test"])
-    _add_tracking_options(e)
-    e.set_defaults(func=_cmd_evaluate)
-
-    c = sub.add_parser("compare", help="leaderboard from MLflow: mean +- std over seeds per model.")
-    c.add_argument("--all-data", action="store_true", help="include runs on other datasets than the latest")
-    _add_tracking_options(c)
-    c.set_defaults(func=_cmd_compare)
-
-    q = sub.add_parser(
-        "predict",
-        help="next places from the champion for a user's recent visits or raw GPS fixes (or samples).",
-        description="Top-k next known places (location id, centre, visits in the training data, probability) "
-        "and P(new place), from a registered model (default: the champion). --history takes visits "
-        "(user_id, started_at, finished_at, latitude, longitude; CSV, parquet or JSON, an MLflow "
-        "dataframe_records request included; optional history_id for several histories per user), raw GPS "
-        "fixes (a .plt file or a folder of them, or CSV/parquet of tracked_at, latitude, longitude), or a "
-        "samples parquet of the dataset. Times are ISO 8601; no zone means UTC.",
-    )
-    q.add_argument("--model", default="ranker")
-    q.add_argument("--alias", default="champion", help="registry alias or version number")
-    q.add_argument("--history", required=True, help="a file or folder (see above), or JSON text")
-    q.add_argument("-k", type=int, default=5, help="places per answer (default 5)")
-    q.add_argument(
-        "--at", default=None, help="prediction time (ISO 8601); default: the end of each history's last visit"
-    )
-    q.add_argument("--user", type=int, default=None, help="raw user id for an input without a user_id column")
-    q.add_argument("--format", choices=["json", "table"], default="json", help="output (default json)")
-    _add_tracking_options(q)
-    q.set_defaults(func=_cmd_predict)
-
-    d = sub.add_parser("download", help="download and unpack the official GeoLife 1.3 zip.")
-    d.add_argument("--dest", default="data/raw", help="download folder (default data/raw)")
-    d.add_argument("--url", default=None)
-    d.add_argument("--sha256", default=None, help="expected sha256 of the zip")
-    d.set_defaults(func=_cmd_download)
-
-    y = sub.add_parser(
-        "synth",
-        help="write a seeded synthetic trajectory data set (home, work, other places; GeoLife-like fixes).",
-    )
-    y.add_argument("--out", required=True, help="a file (csv, parquet, visits) or a folder (gpx, geolife)")
-    y.add_argument("--format", choices=list(INPUT_FORMATS), default="csv")
-    y.add_argument("--users", type=int, default=10)
-    y.add_argument("--days", type=int, default=90)
-    y.add_argument("--seed", type=int, default=0)
-    y.add_argument("--columns", default=None, help="rename columns: user_id=uid,tracked_at=time,...")
-    y.add_argument("--local-timezone", default=None, help="write naive wall-clock times in this zone")
-    y.add_argument(
-        "--night-at-home",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="stays reach midnight, as in continuously tracked data (DIY); --no-night-at-home: GeoLife-like "
-        "day records that start and end about an hour around the day's trips",
-    )
-    y.set_defaults(func=_cmd_synth)
-
-    s = sub.add_parser(
-        "services",
-        help="start/stop a local Prefect server, the MLflow UI and the deployments (logs in .services/)",
-    )
-    s.add_argument(
-        "action",
-        choices=["start", "stop", "status", "copy-store"],
-        help="copy-store: copy an MLflow store (default the SQLite mlruns/mlflow.db) into the services' PostgreSQL",
-    )
-    s.add_argument(
-        "--backend",
-        choices=["postgres", "sqlite"],
-        default=os.environ.get("NEXTLOC_SERVICES_BACKEND", "postgres"),
-        help="where Prefect and MLflow keep their state (default postgres; $NEXTLOC_SERVICES_BACKEND)",
-    )
-    s.add_argument(
-        "--source", default=None, help="copy-store: source store URI (default sqlite:///mlruns/mlflow.db)"
-    )
-    s.add_argument(
-        "--target",
-        default=None,
-        help="copy-store: target store URI (default the services' PostgreSQL database nextloc_mlflow)",
-    )
-    s.set_defaults(func=_cmd_services)
+    commands = {
+        "preprocess": _cmd_preprocess,
+        "run": _cmd_run,
+        "train": _cmd_train,
+        "evaluate": _cmd_evaluate,
+        "compare": _cmd_compare,
+        "predict": _cmd_predict,
+        "download": _cmd_download,
+        "synth": _cmd_synth,
+        "services": _cmd_services,
+    }
+    for name, spec in SUBCOMMANDS.items():
+        command = sub.add_parser(name, help=spec.help, description=spec.description)
+        spec.add_arguments(command)
+        command.set_defaults(func=commands[name])
     return parser
 
 
-def _add_input_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dataset",
-        default=None,
-        help="dataset profile configs/datasets/<name>.yaml (input, protocol, presets)",
-    )
-    parser.add_argument("--input-format", choices=list(INPUT_FORMATS), default=None, help="default geolife")
-    parser.add_argument(
-        "--columns", default=None, help="column mapping, e.g. user_id=uid,tracked_at=time,latitude=lat"
-    )
-    parser.add_argument("--input-timezone", default=None, help="zone of timestamps without one (default UTC)")
-
-
-def _input_options(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
-    """The input options given on the command line (``None`` where not given)."""
-    from nextloc.inputs import parse_columns
-
-    return {
-        "raw_dir": args.raw_dir,
-        "data_dir": args.data_dir or (None if profile else DEFAULT_DATA_DIR),
-        "input_format": args.input_format,
-        "columns": parse_columns(args.columns) if args.columns else None,
-        "input_timezone": args.input_timezone,
-    }
-
-
-def _input_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The dataset profile (or None) and the input: ``raw_dir``, ``data_dir``, ``input_format``, ``columns``,
-    ``input_timezone``. Command-line options win over the profile (:meth:`DatasetProfile.inputs`)."""
-    from nextloc.profiles import DatasetProfile, load_profile
-
-    profile = load_profile(args.dataset) if args.dataset else None
-    return profile, (profile or DatasetProfile(name="geolife")).inputs(**_input_options(args, profile))
-
-
-def _check_raw_dir(raw_dir: str | None) -> None:
-    if raw_dir and not Path(raw_dir).exists():
-        raise FileNotFoundError(f"--raw-dir {raw_dir} does not exist")
-
-
-def _add_train_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default="markov,mhsa,pointer_plus,ranker",
-        help="comma list of: ranker (LambdaRank over the user's routine: the best), routine (a rule over it), "
-        "mhsa, mhsa_diagonal (ablation), pointer (reference V45), pointer_plus (nextloc), pointer_plus_refit "
-        "(refit on train + val, its own row), lstm, markov, most_frequent, last_location",
-    )
-    parser.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    parser.add_argument(
-        "--workers", type=int, default=min(2, os.cpu_count() or 1), help="trainings at once (processes)"
-    )
-    parser.add_argument(
-        "--model-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="model config override, e.g. d_model=96 (all chosen models)",
-    )
-    parser.add_argument(
-        "--train-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="training override, e.g. max_epochs=5",
-    )
-    _add_tracking_options(parser)
-
-
-def _add_tracking_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="default: sqlite:///mlruns/mlflow.db",
-    )
-    parser.add_argument("--experiment", default="nextloc-geolife")
-
-
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        help="YAML config (its 'preprocess' section; with --dataset, the keys it sets apply over the profile's)",
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key"
-    )
-    for key, default in flatten(PreprocessConfig()).items():
-        parser.add_argument(
-            f"--{key}",
-            dest=f"cfg::{key}",
-            default=None,
-            metavar="FLOAT" if default is None else type(default).__name__.upper(),
-            help=f"(default {default})",
-        )
-
-
-def _config_from_args(args: argparse.Namespace, profile: Any = None) -> PreprocessConfig:
-    overrides: dict[str, Any] = {}
-    for item in args.set:
-        if "=" not in item:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        overrides[key] = _parse_value(value)
-    for name, value in vars(args).items():
-        if name.startswith("cfg::") and value is not None:
-            overrides[name[5:]] = _parse_value(value)
-    if profile is not None:
-        return profile.config(overrides, args.config)
-    return load_config(args.config, overrides)
-
-
-def _parse_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def _cmd_preprocess(args: argparse.Namespace) -> int:
-    profile, inputs = _input_from_args(args)
-    config = _config_from_args(args, profile)
+    profile, inputs = input_from_args(args)
+    config = config_from_args(args, profile)
     if not inputs["raw_dir"]:
         raise ValueError("--raw-dir is required (or a --dataset profile naming its raw_dir)")
-    _check_raw_dir(inputs["raw_dir"])
+    check_raw_dir(inputs["raw_dir"])
     local_api.start_if_needed()  # the arguments are valid: the API boots while the flow imports
     from flows.preprocess import preprocess
     from tasks.progress import quiet_task_runs_on_console
@@ -393,9 +145,9 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     """The main job: the ``preprocess-train`` flow (the same one the deployment runs), with local defaults."""
-    profile, inputs = _input_from_args(args)
-    config = _config_from_args(args, profile)
-    _check_raw_dir(inputs["raw_dir"])
+    profile, inputs = input_from_args(args)
+    config = config_from_args(args, profile)
+    check_raw_dir(inputs["raw_dir"])
     models, seeds, model_set, train_set = _train_plan(args)
     local_api.start_if_needed()  # the arguments are valid: the API boots while the flows import
     neural = _neural(models)
@@ -410,7 +162,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         kinds=neural,
         model_set=model_set,
         train_set=train_set,
-        **_input_options(args, profile),
+        **input_options(args, profile),
     )
     with local_api.ready():
         result = preprocess_train(
@@ -459,7 +211,7 @@ def _kv(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ValueError(f"expected KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
-        out[key] = _parse_value(value)
+        out[key] = parse_value(value)
     return out
 
 
@@ -612,7 +364,7 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 
 def _cmd_services(args: argparse.Namespace) -> int:
-    from flows import services
+    import services
 
     svc = services.Services(Path.cwd(), backend=args.backend)
     if args.action == "start":
@@ -639,7 +391,7 @@ def _cmd_services(args: argparse.Namespace) -> int:
 
 def _copy_store(svc: Any, source: str | None, target: str | None) -> int:
     """``nextloc services copy-store``: the whole MLflow store, table by table, into an empty store."""
-    from flows import services
+    import services
     from tasks import tracking
 
     source = source or f"sqlite:///{Path.cwd().resolve() / 'mlruns' / 'mlflow.db'}"

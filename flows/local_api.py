@@ -35,6 +35,8 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from tasks import compat
+
 log = logging.getLogger("nextloc.cli.api")
 
 _current: TemporaryAPI | None = None
@@ -59,12 +61,7 @@ class TemporaryAPI:
         """Start the server (returns at once; :meth:`wait` blocks until it answers)."""
         port = _free_port()
         handle, name = tempfile.mkstemp(prefix="nextloc-prefect-api-", suffix=".log")
-        env = {
-            **os.environ,
-            "PREFECT_UI_ENABLED": "0",
-            "PREFECT__SERVER_EPHEMERAL": "1",
-            "PREFECT__SERVER_FINAL": "1",
-        }
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0"}
         env.pop("PREFECT_API_URL", None)
         with os.fdopen(handle, "wb") as out:
             process = subprocess.Popen(
@@ -151,10 +148,11 @@ class TemporaryAPI:
 
 def create_server_app() -> Callable[..., Awaitable[None]]:
     """The server's ASGI app (``uvicorn --factory flows.local_api:create_server_app``, in the subprocess):
-    Prefect's own, with a ``Retry-After`` on its 503 answers."""
+    Prefect's own, as its temporary server builds it (``ephemeral``: the ephemeral set of services;
+    ``final``: no other app in this process), with a ``Retry-After`` on its 503 answers."""
     from prefect.server.api.server import create_app
 
-    return RetrySoonOnBusy(create_app())
+    return RetrySoonOnBusy(create_app(ephemeral=True, final=True))
 
 
 class RetrySoonOnBusy:
@@ -252,12 +250,7 @@ def stop() -> None:
     if api is None:
         return
     if api.ready_after_s is not None and "prefect" in sys.modules:
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
-
-        for service in (APILogWorker, EventsWorker):
-            with contextlib.suppress(Exception):
-                service.drain_all(timeout=5)
+        compat.drain_prefect_workers(timeout_s=5)
     api.stop()
     for key, value in (_saved_env or {}).items():
         if value is None:

@@ -65,81 +65,37 @@ def preprocess(
     Every task is cached on its inputs' content fingerprints, its config and the library code: a rerun on
     unchanged input is all cache hits, and a changed parameter recomputes only the tasks below it.
     """
-    logger = get_run_logger()
     config = config or PreprocessConfig()
     spec = InputSpec(format=input_format, columns=columns or {}, timezone=input_timezone)
     catalog = Catalog(str(Path(data_dir).resolve()))
     store = {"result_storage": catalog.cache}
 
     with data_dir_lock(catalog.root):  # one writer per data directory
-        ingest_run = staypoints_run = 0
-
-        def staypoints_of(user_ids: list[int]) -> _Step:
-            return _Step(
-                generate_staypoints_user.with_options(**store),
-                "ingested",
-                _ingested_weight,
-                {
-                    "config": unmapped(config.staypoints),
-                    "tripleg_gap_threshold_min": unmapped(config.quality.tripleg_gap_threshold_min),
-                    "out_path": [str(catalog.user_staypoints(u)) for u in user_ids],
-                },
-            )
-
-        if spec.format in ("geolife", "gpx"):
-            # Extract: raw user folders and their content fingerprints; then per user (in parallel batches),
-            # each user's positionfixes straight on to its staypoints
-            users, discovery = discover_raw_users(raw_dir, catalog, spec.format)
-            input_fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
-            reader = ingest_user if spec.format == "geolife" else ingest_gpx_user
-            ingest = _Step(
-                reader.with_options(**store),
-                "user",
-                _raw_weight,
-                {
-                    "out_path": [str(catalog.positionfixes(u.user_id)) for u in users],
-                    **({"spec": unmapped(spec)} if spec.format == "gpx" else {}),
-                },
-            )
-            (ingested, staypoints), (ingest_run, staypoints_run) = _run_mapped(
-                ingest, users, catalog.cache, then=staypoints_of([u.user_id for u in users])
-            )
-        else:
-            # Files that are not per user: read them at once, partitioned per user
-            raw = discover_raw_files(raw_dir, spec.format, catalog)
-            input_fingerprint = combine(spec.format, raw.fingerprint)
-            reader = ingest_visits if spec.format == "visits" else ingest_table
-            per_user, discovery = _ensure(reader.with_options(**store), raw, spec, catalog)
-            if spec.format == "visits":
-                ingested, staypoints = [], per_user
-            else:
-                ingested = per_user
-                (staypoints,), (staypoints_run,) = _run_mapped(
-                    staypoints_of([r.user_id for r in ingested]), ingested, catalog.cache
-                )
-        ingest_summary = write_ingest_report(discovery, ingested, catalog)
+        # Extract: raw data -> per-user positionfixes -> per-user staypoints
+        if spec.format in ("geolife", "gpx"):  # one folder per user
+            read = _read_users(raw_dir, spec, config, catalog)
+        else:  # files not per user (CSV, parquet, visits)
+            read = _read_files(raw_dir, spec, config, catalog)
+        ingest_summary = write_ingest_report(read.discovery, read.ingested, catalog)
 
         # Dataset level: quality filter + DBSCAN, then samples
         located, located_stats = _ensure(
             locate_staypoints_task.with_options(**store),
-            staypoints,
+            read.staypoints,
             config,
             str(catalog.located),
             dbscan_tiles,
         )
-        upstream = {
-            **located_stats,
-            "positionfixes": sum(r.n_rows for r in ingested),
-            "positionfixes_duplicates": sum(s.n_duplicates for s in staypoints),
-            "staypoints": sum(s.n_staypoints for s in staypoints),
-            "rows_skipped": ingest_summary["rows_skipped"],
-            "files_skipped": ingest_summary["files_skipped"],
-            **({} if spec.format == "geolife" else {"input_format": spec.format}),
-        }
+        upstream = _upstream_counts(read, located_stats, ingest_summary, spec)
         dataset: DatasetResult = _ensure(
-            build_dataset_task.with_options(**store), located, config, input_fingerprint, upstream, catalog
+            build_dataset_task.with_options(**store),
+            located,
+            config,
+            read.input_fingerprint,
+            upstream,
+            catalog,
         )
-        logger.info(
+        get_run_logger().info(
             "preprocess done: %d users, total_loc_num %d, samples %s -> %s",
             dataset.stats["n_users"]["train"],
             dataset.stats["total_loc_num"],
@@ -151,8 +107,83 @@ def preprocess(
             "stats": dataset.stats,
             "ingest": ingest_summary,
             "flow_run_id": str(flow_run.get_id()),
-            "users_run": {"ingest": ingest_run, "staypoints": staypoints_run},
+            "users_run": {"ingest": read.ingest_run, "staypoints": read.staypoints_run},
         }
+
+
+@dataclass
+class _Read:
+    """What the extract stage gives the dataset level: per-user ingest results and staypoints, what
+    discovery found, the input's fingerprint, and how many users each per-user step ran (not cached)."""
+
+    ingested: list[IngestResult]
+    staypoints: list[Any]
+    discovery: Any
+    input_fingerprint: str
+    ingest_run: int = 0
+    staypoints_run: int = 0
+
+
+def _read_users(raw_dir: str, spec: InputSpec, config: PreprocessConfig, catalog: Catalog) -> _Read:
+    """Raw user folders and their content fingerprints; then per user (in parallel batches), each user's
+    positionfixes straight on to its staypoints."""
+    users, discovery = discover_raw_users(raw_dir, catalog, spec.format)
+    reader = ingest_user if spec.format == "geolife" else ingest_gpx_user
+    ingest = _Step(
+        reader.with_options(result_storage=catalog.cache),
+        "user",
+        _raw_weight,
+        {
+            "out_path": [str(catalog.positionfixes(u.user_id)) for u in users],
+            **({"spec": unmapped(spec)} if spec.format == "gpx" else {}),
+        },
+    )
+    (ingested, staypoints), (ingest_run, staypoints_run) = _run_mapped(
+        ingest, users, catalog.cache, then=_staypoints_of([u.user_id for u in users], config, catalog)
+    )
+    fingerprint = combine(*(f"{u.user_id}:{u.fingerprint}" for u in users))
+    return _Read(ingested, staypoints, discovery, fingerprint, ingest_run, staypoints_run)
+
+
+def _read_files(raw_dir: str, spec: InputSpec, config: PreprocessConfig, catalog: Catalog) -> _Read:
+    """Files that are not per user, read at once and partitioned per user; visits skip the staypoints."""
+    raw = discover_raw_files(raw_dir, spec.format, catalog)
+    fingerprint = combine(spec.format, raw.fingerprint)
+    reader = ingest_visits if spec.format == "visits" else ingest_table
+    per_user, discovery = _ensure(reader.with_options(result_storage=catalog.cache), raw, spec, catalog)
+    if spec.format == "visits":
+        return _Read([], per_user, discovery, fingerprint)
+    staypoints_of = _staypoints_of([r.user_id for r in per_user], config, catalog)
+    (staypoints,), (staypoints_run,) = _run_mapped(staypoints_of, per_user, catalog.cache)
+    return _Read(per_user, staypoints, discovery, fingerprint, staypoints_run=staypoints_run)
+
+
+def _staypoints_of(user_ids: list[int], config: PreprocessConfig, catalog: Catalog) -> _Step:
+    return _Step(
+        generate_staypoints_user.with_options(result_storage=catalog.cache),
+        "ingested",
+        _ingested_weight,
+        {
+            "config": unmapped(config.staypoints),
+            "tripleg_gap_threshold_min": unmapped(config.quality.tripleg_gap_threshold_min),
+            "out_path": [str(catalog.user_staypoints(u)) for u in user_ids],
+        },
+    )
+
+
+def _upstream_counts(
+    read: _Read, located_stats: dict[str, Any], ingest_summary: dict[str, Any], spec: InputSpec
+) -> dict[str, Any]:
+    """The counts of the stages before the dataset, recorded in its metadata."""
+    return {
+        **located_stats,
+        "positionfixes": sum(r.n_rows for r in read.ingested),
+        "positionfixes_duplicates": sum(s.n_duplicates for s in read.staypoints),
+        "staypoints": sum(s.n_staypoints for s in read.staypoints),
+        "rows_skipped": ingest_summary["rows_skipped"],
+        "files_skipped": ingest_summary["files_skipped"],
+        **({} if spec.format == "geolife" else {"input_format": spec.format}),
+    }
 
 
 def _raw_weight(user: RawUser) -> float:

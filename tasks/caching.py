@@ -15,19 +15,18 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE, TASK_SOURCE, CachePolicy
 from prefect.filesystems import LocalFileSystem
 from prefect.results import ResultStore
-from prefect.utilities.callables import get_call_parameters
 from pydantic import BaseModel
 
 import nextloc
 from nextloc.fingerprint import hash_text
 from nextloc.storage import atomic_path
+from tasks import compat
 
 
 @dataclass(frozen=True)
@@ -101,14 +100,6 @@ CACHE_POLICY = TASK_SOURCE + ContentInputs()
 logger = logging.getLogger(__name__)
 
 
-def _cache_key(task: Any, parameters: dict[str, Any]) -> str | None:
-    """The key Prefect's engine computes for this call: parameters bound as it binds them, defaults included."""
-    inputs = get_call_parameters(task.fn, (), parameters)
-    return task.cache_policy.compute_key(
-        task_ctx=SimpleNamespace(task=task), inputs=inputs, flow_parameters={}
-    )
-
-
 def _store(storage: str | Path) -> ResultStore:
     return ResultStore(result_storage=LocalFileSystem(basepath=str(storage)))
 
@@ -123,7 +114,7 @@ def cached_result(task: Any, parameters: dict[str, Any], storage: str | Path) ->
     no worker processes. A record that cannot be read (cut short by a crash) is removed and reported as a
     miss, so the call runs again instead of failing on it.
     """
-    key = _cache_key(task, parameters)
+    key = compat.engine_cache_key(task, parameters)
     if key is None:
         return False, None
     store = _store(storage)
@@ -144,7 +135,7 @@ def store_result(task: Any, parameters: dict[str, Any], storage: str | Path, val
     The record is the one the engine would have written (same key, storage and serializer), so
     :func:`cached_result` and the engine's own lookup both find it. Written to a temporary file and renamed.
     """
-    key = _cache_key(task, parameters)
+    key = compat.engine_cache_key(task, parameters)
     if key is None:
         return
     store = _store(storage)

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing.util
 import os
-import sys
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Self
 
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+
+from tasks import compat
 
 RunnerKind = Literal["local", "dask"]
 
@@ -66,15 +65,14 @@ class TrainingPoolTaskRunner(ProcessPoolTaskRunner):
     Prefect's runner hands each submission to its process pool from a thread pool of ``max_workers``
     threads, after resolving the submission's inputs, so runs started in whichever order those threads got
     there: seed 4 before seed 3 in one invocation and after it in the next, and so another run left
-    alone at the end and another wall time. Here one thread hands them over, in order. A submission that
-    waits for an upstream future holds back the ones after it; the trainings have no upstream futures.
+    alone at the end and another wall time. Here one thread hands them over, in order
+    (:func:`tasks.compat.submit_in_order`). A submission that waits for an upstream future holds back the
+    ones after it; the trainings have no upstream futures.
     """
 
     def __enter__(self) -> Self:
         super().__enter__()
-        if self._resolver_executor is not None:
-            self._resolver_executor.shutdown(wait=False)  # unused so far: nothing was submitted
-            self._resolver_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="training-submit")
+        compat.submit_in_order(self)
         return self
 
 
@@ -83,23 +81,14 @@ def training_runner(workers: int = 1) -> ProcessPoolTaskRunner:
 
     A worker process that has loaded torch, MLflow and Prefect spends about 1 s tearing the interpreter down
     when the pool shuts it down, and the flow waits for it. Its last exit handler (registered first, run
-    last) flushes multiprocessing's queues, as the interpreter's own exit would (the log and event messages
-    forwarded to the flow's process), then ends the process at once. The pool does not read worker exit
-    codes.
+    last) is :func:`tasks.compat.end_worker_without_teardown`: multiprocessing's queues are delivered (the
+    log and event messages forwarded to the flow's process), then the process ends at once.
     """
     return TrainingPoolTaskRunner(max_workers=workers, initializer=_exit_without_teardown)
 
 
 def _exit_without_teardown() -> None:
-    atexit.register(_exit_now)
-
-
-def _exit_now() -> None:
-    multiprocessing.util._exit_function()  # the queues' feeder threads deliver what they hold
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(0)
+    atexit.register(compat.end_worker_without_teardown)
 
 
 def share_api_with_workers() -> None:
@@ -118,7 +107,7 @@ def tile_map() -> Callable[..., Iterable[Any]]:
 
     The Dask map submits plain functions through the runner's client and gathers the results in order.
     """
-    client = getattr(_flow_task_runner(), "_client", None)
+    client = compat.dask_client(_flow_task_runner())
     if client is None:
         return map
 
@@ -131,9 +120,9 @@ def tile_map() -> Callable[..., Iterable[Any]]:
 def fan_out_width() -> int:
     """How many tasks the current flow's task runner runs at once: its threads, or the Dask cluster's."""
     runner = _flow_task_runner()
-    if isinstance(runner, ThreadPoolTaskRunner) and runner._max_workers:
-        return runner._max_workers
-    client = getattr(runner, "_client", None)
+    if isinstance(runner, ThreadPoolTaskRunner) and (width := compat.thread_pool_width(runner)):
+        return width
+    client = compat.dask_client(runner)
     if client is not None:
         with contextlib.suppress(Exception):  # a cluster that cannot say: fall back to this machine's cores
             return max(1, sum(client.nthreads().values()))

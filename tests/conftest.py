@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from flows import OFFLINE_DEFAULTS  # telemetry off; importing flows sets it too
+
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
@@ -24,9 +26,8 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 # Isolated Prefect state for the whole session, set before anything imports prefect.
 _PREFECT_HOME = tempfile.mkdtemp(prefix="nextloc-prefect-")
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
-os.environ.setdefault("DO_NOT_TRACK", "true")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+for _key, _value in OFFLINE_DEFAULTS.items():
+    os.environ.setdefault(_key, _value)
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "nextloc")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from flows import OFFLINE_DEFAULTS
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CHROMIUM = Path(os.environ.get("NEXTLOC_CHROMIUM", "/usr/bin/chromium"))
@@ -105,9 +107,7 @@ def stack(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
     env = {
         **os.environ,
-        "DO_NOT_TRACK": "true",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
+        **OFFLINE_DEFAULTS,
         "PREFECT_HOME": str(root / "prefect-home"),
     }
     env.pop("PREFECT_API_URL", None)

@@ -122,7 +122,7 @@ class TestDeployments:
 
         monkeypatch.setattr(flows.pipeline, "preprocess_train", stub)
         monkeypatch.setattr(cli, "configure_environment", lambda: None)
-        monkeypatch.setattr(cli, "_check_raw_dir", lambda raw_dir: None)
+        monkeypatch.setattr(cli, "check_raw_dir", lambda raw_dir: None)
         with pytest.raises(_FlowCalled):
             cli.main(["run", "--dataset", "diy", "--model", "markov,mhsa,pointer,pointer_plus"])
         assert {k: calls[k] for k in deployed} == deployed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import services as svc_module
+import services as svc_module
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

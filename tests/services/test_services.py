@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import services as services_module
+import services as services_module
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent

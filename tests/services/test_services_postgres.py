@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import services as svc_module
+import services as svc_module
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent

@@ -1,0 +1,319 @@
+"""The ``nextloc`` command's arguments: each subcommand's options, and how they become the flows' inputs.
+
+One function per subcommand adds its options; :data:`SUBCOMMANDS` lists them in the order ``nextloc --help``
+shows them. The option groups several subcommands share (input, training, tracking, preprocessing config)
+are defined once, below them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nextloc.config import PreprocessConfig, flatten, load_config
+from nextloc.inputs import INPUT_FORMATS
+from nextloc.rawdata import DEFAULT_RAW_DIR
+
+DEFAULT_DATA_DIR = "data/geolife"
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A subcommand: the function adding its options, its one-line help and its longer description."""
+
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    help: str
+    description: str | None = None
+
+
+def _preprocess_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--raw-dir",
+        default=None,
+        help="GeoLife root (Data/NNN/Trajectory/*.plt), a CSV/parquet/visits file or folder, or a GPX folder "
+        "(NNN/*.gpx); default: the --dataset profile's",
+    )
+    parser.add_argument(
+        "--data-dir", default=None, help=f"output folder (default data/<dataset>, {DEFAULT_DATA_DIR})"
+    )
+    _add_input_options(parser)
+    _add_config_options(parser)
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=None, help=f"default data/<dataset> ({DEFAULT_DATA_DIR})")
+    _add_input_options(parser)
+    _add_train_options(parser)
+    parser.add_argument(
+        "--raw-dir",
+        default=None,
+        help=f"default: $NEXTLOC_GEOLIFE_DIR, {DEFAULT_RAW_DIR}, a local archive, or download",
+    )
+    parser.add_argument(
+        "--task-runner", choices=["local", "dask"], default="local", help="per-user preprocessing"
+    )
+    parser.add_argument(
+        "--dask-address", default=None, help="scheduler of an existing Dask cluster (tcp://host:8786)"
+    )
+    parser.add_argument("--dask-workers", type=int, default=None, help="processes of a new Dask LocalCluster")
+    parser.add_argument(
+        "--dbscan-tiles",
+        type=int,
+        default=0,
+        help="DBSCAN by this many spatial tiles (on the Dask workers with --task-runner dask); 0: one machine",
+    )
+    _add_config_options(parser)
+
+
+def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    _add_train_options(parser)
+
+
+def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    parser.add_argument("--model", default="ranker")
+    parser.add_argument("--alias", default="champion", help="registry alias or version number")
+    parser.add_argument("--split", default="test", choices=["train", "val", "test"])
+    _add_tracking_options(parser)
+
+
+def _compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--all-data", action="store_true", help="include runs on other datasets than the latest"
+    )
+    _add_tracking_options(parser)
+
+
+def _predict_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="ranker")
+    parser.add_argument("--alias", default="champion", help="registry alias or version number")
+    parser.add_argument("--history", required=True, help="a file or folder (see above), or JSON text")
+    parser.add_argument("-k", type=int, default=5, help="places per answer (default 5)")
+    parser.add_argument(
+        "--at", default=None, help="prediction time (ISO 8601); default: the end of each history's last visit"
+    )
+    parser.add_argument(
+        "--user", type=int, default=None, help="raw user id for an input without a user_id column"
+    )
+    parser.add_argument("--format", choices=["json", "table"], default="json", help="output (default json)")
+    _add_tracking_options(parser)
+
+
+def _download_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dest", default="data/raw", help="download folder (default data/raw)")
+    parser.add_argument("--url", default=None)
+    parser.add_argument("--sha256", default=None, help="expected sha256 of the zip")
+
+
+def _synth_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--out", required=True, help="a file (csv, parquet, visits) or a folder (gpx, geolife)"
+    )
+    parser.add_argument("--format", choices=list(INPUT_FORMATS), default="csv")
+    parser.add_argument("--users", type=int, default=10)
+    parser.add_argument("--days", type=int, default=90)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--columns", default=None, help="rename columns: user_id=uid,tracked_at=time,...")
+    parser.add_argument("--local-timezone", default=None, help="write naive wall-clock times in this zone")
+    parser.add_argument(
+        "--night-at-home",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stays reach midnight, as in continuously tracked data (DIY); --no-night-at-home: GeoLife-like "
+        "day records that start and end about an hour around the day's trips",
+    )
+
+
+def _services_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "action",
+        choices=["start", "stop", "status", "copy-store"],
+        help="copy-store: copy an MLflow store (default the SQLite mlruns/mlflow.db) into the services' PostgreSQL",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["postgres", "sqlite"],
+        default=os.environ.get("NEXTLOC_SERVICES_BACKEND", "postgres"),
+        help="where Prefect and MLflow keep their state (default postgres; $NEXTLOC_SERVICES_BACKEND)",
+    )
+    parser.add_argument(
+        "--source", default=None, help="copy-store: source store URI (default sqlite:///mlruns/mlflow.db)"
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="copy-store: target store URI (default the services' PostgreSQL database nextloc_mlflow)",
+    )
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "preprocess": Subcommand(
+        _preprocess_arguments,
+        help="raw trajectories -> staypoints, samples and metadata (cached).",
+    ),
+    "run": Subcommand(
+        _run_arguments,
+        help="the main job: find (or unpack, or download) GeoLife, preprocess, train, evaluate.",
+    ),
+    "train": Subcommand(
+        _train_arguments,
+        help="train/evaluate models on preprocessed samples; every run goes to MLflow.",
+    ),
+    "evaluate": Subcommand(
+        _evaluate_arguments,
+        help="evaluate a registered model (default: the champion) on a test split.",
+    ),
+    "compare": Subcommand(
+        _compare_arguments,
+        help="leaderboard from MLflow: mean +- std over seeds per model.",
+    ),
+    "predict": Subcommand(
+        _predict_arguments,
+        help="next places from the champion for a user's recent visits or raw GPS fixes (or samples).",
+        description="Top-k next known places (location id, centre, visits in the training data, probability) "
+        "and P(new place), from a registered model (default: the champion). --history takes visits "
+        "(user_id, started_at, finished_at, latitude, longitude; CSV, parquet or JSON, an MLflow "
+        "dataframe_records request included; optional history_id for several histories per user), raw GPS "
+        "fixes (a .plt file or a folder of them, or CSV/parquet of tracked_at, latitude, longitude), or a "
+        "samples parquet of the dataset. Times are ISO 8601; no zone means UTC.",
+    ),
+    "download": Subcommand(
+        _download_arguments,
+        help="download and unpack the official GeoLife 1.3 zip.",
+    ),
+    "synth": Subcommand(
+        _synth_arguments,
+        help="write a seeded synthetic trajectory data set (home, work, other places; GeoLife-like fixes).",
+    ),
+    "services": Subcommand(
+        _services_arguments,
+        help="start/stop a local Prefect server, the MLflow UI and the deployments (logs in .services/)",
+    ),
+}
+
+
+def _add_input_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="dataset profile configs/datasets/<name>.yaml (input, protocol, presets)",
+    )
+    parser.add_argument("--input-format", choices=list(INPUT_FORMATS), default=None, help="default geolife")
+    parser.add_argument(
+        "--columns", default=None, help="column mapping, e.g. user_id=uid,tracked_at=time,latitude=lat"
+    )
+    parser.add_argument("--input-timezone", default=None, help="zone of timestamps without one (default UTC)")
+
+
+def input_options(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
+    """The input options given on the command line (``None`` where not given)."""
+    from nextloc.inputs import parse_columns
+
+    return {
+        "raw_dir": args.raw_dir,
+        "data_dir": args.data_dir or (None if profile else DEFAULT_DATA_DIR),
+        "input_format": args.input_format,
+        "columns": parse_columns(args.columns) if args.columns else None,
+        "input_timezone": args.input_timezone,
+    }
+
+
+def input_from_args(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The dataset profile (or None) and the input: ``raw_dir``, ``data_dir``, ``input_format``, ``columns``,
+    ``input_timezone``. Command-line options win over the profile (:meth:`DatasetProfile.inputs`)."""
+    from nextloc.profiles import DatasetProfile, load_profile
+
+    profile = load_profile(args.dataset) if args.dataset else None
+    return profile, (profile or DatasetProfile(name="geolife")).inputs(**input_options(args, profile))
+
+
+def check_raw_dir(raw_dir: str | None) -> None:
+    if raw_dir and not Path(raw_dir).exists():
+        raise FileNotFoundError(f"--raw-dir {raw_dir} does not exist")
+
+
+def _add_train_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="markov,mhsa,pointer_plus,ranker",
+        help="comma list of: ranker (LambdaRank over the user's routine: the best), routine (a rule over it), "
+        "mhsa, mhsa_diagonal (ablation), pointer (reference V45), pointer_plus (nextloc), pointer_plus_refit "
+        "(refit on train + val, its own row), lstm, markov, most_frequent, last_location",
+    )
+    parser.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    parser.add_argument(
+        "--workers", type=int, default=min(2, os.cpu_count() or 1), help="trainings at once (processes)"
+    )
+    parser.add_argument(
+        "--model-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model config override, e.g. d_model=96 (all chosen models)",
+    )
+    parser.add_argument(
+        "--train-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="training override, e.g. max_epochs=5",
+    )
+    _add_tracking_options(parser)
+
+
+def _add_tracking_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="default: sqlite:///mlruns/mlflow.db",
+    )
+    parser.add_argument("--experiment", default="nextloc-geolife")
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="YAML config (its 'preprocess' section; with --dataset, the keys it sets apply over the profile's)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override any config key"
+    )
+    for key, default in flatten(PreprocessConfig()).items():
+        parser.add_argument(
+            f"--{key}",
+            dest=f"cfg::{key}",
+            default=None,
+            metavar="FLOAT" if default is None else type(default).__name__.upper(),
+            help=f"(default {default})",
+        )
+
+
+def config_from_args(args: argparse.Namespace, profile: Any = None) -> PreprocessConfig:
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        overrides[key] = parse_value(value)
+    for name, value in vars(args).items():
+        if name.startswith("cfg::") and value is not None:
+            overrides[name[5:]] = parse_value(value)
+    if profile is not None:
+        return profile.config(overrides, args.config)
+    return load_config(args.config, overrides)
+
+
+def parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

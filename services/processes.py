@@ -1,0 +1,125 @@
+"""The services' processes: started in their own session with a log and a pid file, found again by that
+pid file, waited for until they answer, and stopped by signal."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from services.layout import Services
+
+log = logging.getLogger("nextloc.cli")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a secret atomically (:func:`nextloc.storage.atomic_path`) with mode 0600."""
+    from nextloc.storage import atomic_path  # pandas and pyarrow: only when a secret is written
+
+    with atomic_path(path) as tmp:
+        tmp.chmod(0o600)
+        tmp.write_text(text)
+
+
+def running_pid(services: Services, name: str) -> int | None:
+    """The pid of a running service (from its pid file), or None."""
+    try:
+        pid = int(services.pid_file(name).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+def launch(services: Services, name: str, cmd: list[str], env: dict[str, str], **run_as: Any) -> None:
+    """Start ``cmd`` in its own session with its log and pid file; ``run_as``: Popen's user/group options."""
+    if running_pid(services, name) is not None:
+        log.info("%s already running (pid %s)", name, running_pid(services, name))
+        return
+    with open(services.log_file(name), "ab") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=services.root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **run_as,
+        )
+    services.pid_file(name).write_text(f"{proc.pid}\n")
+    log.info("started %s (pid %d), log %s", name, proc.pid, services.log_file(name))
+
+
+def wait_http(services: Services, name: str, url: str, timeout_s: float) -> None:
+    """Wait until ``url`` answers 200; fail naming the service's log if it exits or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if running_pid(services, name) is None:
+            raise RuntimeError(f"{name} exited; see {services.log_file(name)}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as response:
+            if response.status == 200:
+                log.info("%s is up: %s", name, url)
+                return
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"{name} did not answer at {url} within {timeout_s:.0f} s; see {services.log_file(name)}"
+    )
+
+
+def wait_deployments(services: Services, timeout_s: float) -> None:
+    """Wait until the Prefect API lists the deployments the deployment server registers."""
+    deadline = time.monotonic() + timeout_s
+    wanted = {"preprocess-train/geolife", "retrain/geolife-dumps"}
+    while time.monotonic() < deadline:
+        if running_pid(services, "serve") is None:
+            raise RuntimeError(f"the deployment server exited; see {services.log_file('serve')}")
+        with contextlib.suppress(OSError, ValueError):
+            flows = {f["id"]: f["name"] for f in post_json(f"{services.api_url}/flows/filter")}
+            deployments = post_json(f"{services.api_url}/deployments/filter")
+            if wanted <= {f"{flows.get(d['flow_id'], '?')}/{d['name']}" for d in deployments}:
+                log.info("deployments served: %s", ", ".join(sorted(wanted)))
+                return
+        time.sleep(1.0)
+    raise RuntimeError(
+        f"deployments not registered within {timeout_s:.0f} s; see {services.log_file('serve')}"
+    )
+
+
+def post_json(url: str) -> list[dict]:
+    """POST ``{}`` to a Prefect API filter endpoint; the decoded answer."""
+    request = urllib.request.Request(
+        url, data=b"{}", headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def terminate(pid: int, sig: signal.Signals, timeout_s: float, group: bool = True) -> None:
+    """Signal a service's process group (or the process alone); SIGKILL the group if still there after ``timeout_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        (os.killpg if group else os.kill)(pid, sig)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.2)
+    else:
+        log.warning("pid %d did not stop in %.0f s; killing it", pid, timeout_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,136 @@
+"""Start, stop and report the services of one project folder, in their order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from flows import OFFLINE_DEFAULTS
+from services.layout import HOST, MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
+from services.postgres import ensure_databases, start_postgres
+from services.processes import (
+    launch,
+    running_pid,
+    terminate,
+    wait_deployments,
+    wait_http,
+    write_private,
+)
+
+#: Chosen by :func:`start` for each service, never inherited from the caller's environment.
+_NOT_INHERITED = (
+    "PREFECT_API_URL",
+    "NEXTLOC_DB_URL",
+    "NEXTLOC_TRACKING_URI",
+    "MLFLOW_BACKEND_STORE_URI",
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+)
+
+
+def start(services: Services, timeout_s: float = 180.0) -> None:
+    """Start whatever is not running yet and wait until all answer.
+
+    Raises:
+        RuntimeError: if a service exits or does not answer in ``timeout_s``; its log is named. Also when
+            PostgreSQL is wanted but its binaries or an unprivileged user to run them are missing.
+    """
+    services.folder.mkdir(parents=True, exist_ok=True)
+    (services.root / "mlruns" / "artifacts").mkdir(parents=True, exist_ok=True)
+    base = {k: v for k, v in {**os.environ, **OFFLINE_DEFAULTS}.items() if k not in _NOT_INHERITED}
+    # the UI asks the API at PREFECT_UI_API_URL (default 127.0.0.1:4200): on another port it must be told
+    server_env = {
+        **base,
+        "PREFECT_HOME": str(services.folder / "prefect"),
+        "PREFECT_UI_API_URL": services.api_url,
+    }
+    if services.backend == "postgres":
+        if services.db_url is None:
+            start_postgres(services, timeout_s)
+        ensure_databases(services.server_url(), (PREFECT_DB, MLFLOW_DB), timeout_s)
+        server_env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = services.database_url(PREFECT_DB, "asyncpg")
+        tracking_uri = services.database_url(MLFLOW_DB, "psycopg")
+    else:
+        tracking_uri = f"sqlite:///{services.root.resolve() / 'mlruns' / 'mlflow.db'}"
+    client = {"tracking_uri": tracking_uri, "api_url": services.api_url, "mlflow_url": services.mlflow_url}
+    write_private(services.client_file, json.dumps(client, indent=1) + "\n")
+    _launch_prefect_server(services, server_env)
+    _launch_mlflow(services, base, tracking_uri)
+    wait_http(services, "prefect-server", f"{services.api_url}/health", timeout_s)
+    _launch_deployment_server(services, base, tracking_uri)
+    wait_http(services, "mlflow", f"{services.mlflow_url}/health", timeout_s)
+    wait_deployments(services, timeout_s)
+
+
+def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:
+    prefect = str(Path(sys.executable).parent / "prefect")
+    launch(
+        services,
+        "prefect-server",
+        [prefect, "server", "start", "--host", HOST, "--port", str(services.prefect_port)],
+        env,
+    )
+
+
+def _launch_mlflow(services: Services, base: dict[str, str], tracking_uri: str) -> None:
+    """``mlflow server`` over ``tracking_uri`` (in its environment, not argv: it may hold the password),
+    artifacts on disk in ``mlruns/artifacts``."""
+    artifacts = (services.root / "mlruns" / "artifacts").resolve()
+    mlflow = str(Path(sys.executable).parent / "mlflow")
+    launch(
+        services,
+        "mlflow",
+        [mlflow, "server", "--default-artifact-root", str(artifacts), "--host", HOST]
+        + ["--port", str(services.mlflow_port), "--workers", "1"],
+        {**base, "MLFLOW_BACKEND_STORE_URI": tracking_uri},
+    )
+
+
+def _launch_deployment_server(services: Services, base: dict[str, str], tracking_uri: str) -> None:
+    """``python -m flows.serve`` against the services' Prefect API, tracking into their MLflow store."""
+    env = {
+        **base,
+        "PREFECT_API_URL": services.api_url,
+        "PREFECT_RUNNER_POLL_FREQUENCY": os.environ.get("PREFECT_RUNNER_POLL_FREQUENCY", "2"),
+        "NEXTLOC_MLFLOW_UI_URL": services.mlflow_url,
+        "NEXTLOC_TRACKING_URI": tracking_uri,
+        "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(services.root / ".prefect")),
+    }
+    launch(services, "serve", [sys.executable, "-m", "flows.serve"], env)
+
+
+def client_settings(root: Path) -> dict[str, str] | None:
+    """While the services of ``root`` run: ``tracking_uri`` (their MLflow store), ``api_url``, ``mlflow_url``."""
+    services = Services(root, backend="postgres", db_url=None)  # only its paths are used
+    if running_pid(services, "mlflow") is None:
+        return None
+    try:
+        return json.loads(services.client_file.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def stop(services: Services, timeout_s: float = 30.0) -> list[str]:
+    """Stop the deployment server, MLflow, the Prefect server, then PostgreSQL; returns what was stopped.
+
+    PostgreSQL gets a fast shutdown (SIGINT to the postmaster alone, which stops its own children); an
+    external server (``$NEXTLOC_DB_URL``) is never touched.
+    """
+    stopped = []
+    signals = {"serve": signal.SIGINT, "mlflow": signal.SIGTERM, "prefect-server": signal.SIGTERM}
+    for name in SERVICE_NAMES:
+        pid = running_pid(services, name)
+        if pid is not None:
+            terminate(pid, signals.get(name, signal.SIGINT), timeout_s, group=name != "postgres")
+            stopped.append(name)
+        services.pid_file(name).unlink(missing_ok=True)
+    services.client_file.unlink(missing_ok=True)
+    return stopped
+
+
+def status(services: Services) -> dict[str, int | None]:
+    """``{service: pid or None}``."""
+    return {name: running_pid(services, name) for name in ("postgres", "prefect-server", "mlflow", "serve")}

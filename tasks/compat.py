@@ -1,0 +1,227 @@
+"""Every use of a private API of Prefect, prefect-dask or CPython, each behind one small named shim.
+
+nextloc reaches into internals only where the public API lacks the hook or costs time on every command.
+Each such place is a function here, checked against the version range it was written and tested for
+(:data:`RANGES`). Outside its range a shim either falls back to the public path (what the code does
+without the shortcut; a warning names the shim) or fails loudly where a silent difference would change
+results; each docstring says which. ``tests/tasks/test_compat.py`` tests every shim in and out of range.
+
+This module imports only the standard library at import time: ``flows.cli`` imports it before Prefect is
+loaded, and the version checks read package metadata only when a shim is called.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib.metadata
+import logging
+import os
+import re
+import sys
+import threading
+from typing import Any, NoReturn
+
+log = logging.getLogger(__name__)
+
+#: Versions each shim was written for: ``low <= version < high`` (release numbers only).
+RANGES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "cpython": ((3, 11), (3, 14)),  # requires-python
+    "prefect": ((3, 8), (3, 9)),  # pyproject's prefect>=3.8,<3.9; constraints.txt pins 3.8.8
+    "prefect-dask": ((0, 3), (0, 4)),  # the dask extra; constraints.txt pins 0.3.7
+}
+
+
+@functools.cache
+def installed_release(component: str) -> tuple[int, ...] | None:
+    """The release numbers of ``component`` as installed (``cpython``: this interpreter), or None."""
+    if component == "cpython":
+        return tuple(sys.version_info[:3]) if sys.implementation.name == "cpython" else None
+    try:
+        version = importlib.metadata.version(component)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else None
+
+
+def supported(component: str) -> bool:
+    """Whether the installed ``component`` is within the range the shims were written for."""
+    low, high = RANGES[component]
+    release = installed_release(component)
+    return release is not None and low <= release < high
+
+
+def _versions(component: str) -> tuple[str, str, str]:
+    """``(installed, low, high)`` of ``component``, as text."""
+
+    def text(release: tuple[int, ...] | None) -> str:
+        return ".".join(map(str, release)) if release else "none"
+
+    low, high = RANGES[component]
+    return text(installed_release(component)), text(low), text(high)
+
+
+@functools.cache  # once per shim and process
+def _fallback(shim: str, component: str) -> None:
+    installed, low, high = _versions(component)
+    log.warning(
+        "%s: %s %s is outside >=%s,<%s (tasks/compat.py); falling back as its docstring says",
+        shim,
+        component,
+        installed,
+        low,
+        high,
+    )
+
+
+class UnsupportedVersion(RuntimeError):
+    """A shim that must not guess was called on a version outside its range."""
+
+
+def _require(shim: str, component: str) -> None:
+    if not supported(component):
+        installed, low, high = _versions(component)
+        raise UnsupportedVersion(
+            f"{shim} was written for {component} >={low},<{high}, installed: {installed}; "
+            "check tasks/compat.py against the new version and widen RANGES"
+        )
+
+
+# --- CPython ---------------------------------------------------------------------------------------
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """End the process with ``code`` after what an exit must do, skipping the interpreter's teardown.
+
+    Freeing every object of torch, pandas, MLflow and Prefect one by one takes about 1.2 s at the end of a
+    command, memory the OS takes back at once anyway. The interpreter's own first steps of an exit run, in
+    its order: threading's exit hooks (idle thread-pool workers stop) and the join of non-daemon threads
+    (``threading._shutdown``), every ``atexit`` handler (``atexit._run_exitfuncs``: logging's flush,
+    Prefect's and MLflow's own); the standard streams are flushed; then ``os._exit``.
+
+    Outside its CPython range: ``sys.exit(code)``, the normal exit with its teardown.
+    """
+    if not supported("cpython"):
+        _fallback("exit_without_teardown", "cpython")
+        sys.exit(code)
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
+def end_worker_without_teardown() -> None:
+    """As a process's last ``atexit`` handler: deliver multiprocessing's queued messages, then end at once.
+
+    A worker process that has loaded torch, MLflow and Prefect spends about 1 s tearing the interpreter
+    down, and the pool that shuts it down waits for it. ``multiprocessing.util._exit_function`` is what
+    the interpreter's own exit would run for multiprocessing: the queues' feeder threads deliver what they
+    hold (the log and event messages forwarded to the flow's process). Then the streams are flushed and
+    the process ends with code 0 (the pool does not read worker exit codes).
+
+    Outside its CPython range: returns, and the interpreter's normal exit goes on.
+    """
+    if not supported("cpython"):
+        _fallback("end_worker_without_teardown", "cpython")
+        return
+    import multiprocessing.util
+
+    multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(0)
+
+
+# --- Prefect and prefect-dask ----------------------------------------------------------------------
+
+
+def thread_pool_width(runner: Any) -> int | None:
+    """How many threads a Prefect ``ThreadPoolTaskRunner`` runs at once (its private ``_max_workers``).
+
+    Prefect keeps the width it resolved from ``max_workers`` and its settings only in a private attribute.
+    Outside its Prefect range: None (the caller falls back to this machine's cores).
+    """
+    if not supported("prefect"):
+        _fallback("thread_pool_width", "prefect")
+        return None
+    return getattr(runner, "_max_workers", None) or None
+
+
+def dask_client(runner: Any) -> Any | None:
+    """The ``distributed.Client`` of a started prefect-dask ``DaskTaskRunner`` (its private ``_client``);
+    None for any other runner.
+
+    The preprocess flow maps plain functions (DBSCAN tiles) and sizes its batches on the flow's own Dask
+    cluster; the runner holds its client only in a private attribute. Outside its prefect-dask range: None
+    (the caller maps in this process and sizes batches by this machine's cores).
+    """
+    if runner is None or not type(runner).__module__.startswith("prefect_dask"):
+        return None
+    if not supported("prefect-dask"):
+        _fallback("dask_client", "prefect-dask")
+        return None
+    return getattr(runner, "_client", None)
+
+
+def submit_in_order(runner: Any) -> None:
+    """Make a started Prefect ``ProcessPoolTaskRunner`` hand its submissions to the pool in order.
+
+    Prefect resolves each submission's inputs and hands it to the process pool from a private thread pool
+    (``_resolver_executor``) of ``max_workers`` threads, so runs start in whichever order those threads get
+    there. This replaces it (before anything was submitted) with one thread. Outside its Prefect range:
+    Prefect's own executor stays (runs may start out of submission order; results are the same).
+    """
+    if not supported("prefect"):
+        _fallback("submit_in_order", "prefect")
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    if runner._resolver_executor is not None:
+        runner._resolver_executor.shutdown(wait=False)  # unused so far: nothing was submitted
+        runner._resolver_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="training-submit")
+
+
+def engine_cache_key(task: Any, parameters: dict[str, Any]) -> str | None:
+    """The cache key Prefect's task engine computes for calling ``task`` with ``parameters``.
+
+    The engine binds the call's parameters (defaults included) with ``get_call_parameters`` and asks the
+    task's cache policy for a key, given its task run context, the inputs and the flow's parameters. Out of
+    a run, a stand-in context carries the task (all that ``TASK_SOURCE`` and nextloc's ``ContentInputs``
+    read), and no flow parameters (no nextloc policy reads them). Outside its Prefect range it raises
+    :class:`UnsupportedVersion`: a key that silently differed from the engine's would make every lookup
+    miss, or find records the engine never wrote.
+    """
+    _require("engine_cache_key", "prefect")
+    from types import SimpleNamespace
+
+    from prefect.utilities.callables import get_call_parameters
+
+    inputs = get_call_parameters(task.fn, (), parameters)
+    return task.cache_policy.compute_key(
+        task_ctx=SimpleNamespace(task=task), inputs=inputs, flow_parameters={}
+    )
+
+
+def drain_prefect_workers(timeout_s: float) -> None:
+    """Send what Prefect's background workers still hold (logs, events) to the API, waiting up to
+    ``timeout_s`` for each.
+
+    The command stops its temporary API before the interpreter's exit, when Prefect would drain them
+    itself; ``drain_all`` of ``APILogWorker`` and ``EventsWorker`` comes from Prefect's private queue
+    service base class. A worker that fails to drain is skipped. Outside its Prefect range: nothing is
+    drained (the last logs and events of the command may miss the temporary API's database).
+    """
+    if not supported("prefect"):
+        _fallback("drain_prefect_workers", "prefect")
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        with contextlib.suppress(Exception):
+            service.drain_all(timeout=timeout_s)
