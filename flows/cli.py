@@ -190,19 +190,19 @@ def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, d
     seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     model_set, train_set = _kv(args.model_set), _kv(args.train_set)
     if model_set or train_set:  # what the trainings would reject, before the API starts (this imports torch)
-        from nextloc.models import ENSEMBLES, MODEL_REGISTRY
-        from nextloc.train import check_kind_overrides
+        from nextloc.models.registry import neural_kinds
+        from nextloc.overrides import check_kind_overrides
 
         for kind in models:
-            if kind in MODEL_REGISTRY or kind in ENSEMBLES:  # the neural kinds (tasks.train.NEURAL)
+            if kind in neural_kinds():
                 check_kind_overrides(kind, model_set, train_set)
     return models, seeds, model_set, train_set
 
 
 def _neural(models: list[str]) -> list[str]:
-    from tasks.train import NEURAL  # imports torch
+    from nextloc.models.registry import neural_kinds  # imports torch
 
-    return [m for m in models if m in NEURAL]
+    return [m for m in models if m in neural_kinds()]
 
 
 def _kv(items: list[str]) -> dict[str, Any]:
@@ -316,28 +316,9 @@ def _cell(value: Any) -> str:
 
 
 def _print_leaderboard(board: dict[str, Any], caption: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from nextloc.leaderboard import build_leaderboard, print_terminal
 
-    from nextloc.evaluate import format_summary, rank_board
-    from nextloc.metrics import HEADLINE, NEW_PLACE_KEYS, PLACE_KEYS, REFERENCE_KEYS
-
-    console = Console(width=max(150, Console().width))
-    families = (
-        ("place metrics (%): real places only, a new place is a miss", PLACE_KEYS),
-        ("P(new place): share of new targets, ROC-AUC (%), Brier", NEW_PLACE_KEYS),
-        ("reference protocol metrics (%): classes 0 and 1 ranked too", REFERENCE_KEYS),
-    )
-    for title, keys in families:
-        table = Table(title=f"test {title}, mean +- std over seeds", caption=caption)
-        table.add_column("model", no_wrap=True)
-        table.add_column("seeds", justify="right")
-        for key in keys:
-            table.add_column(key, justify="right", no_wrap=True)
-        for kind in rank_board(board, HEADLINE):
-            row = board[kind]
-            table.add_row(kind, str(row[HEADLINE]["n"]), *(format_summary(row.get(k), " +- ") for k in keys))
-        console.print(table)
+    print_terminal(build_leaderboard(board), caption)
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:

@@ -314,16 +314,6 @@ class LastLocationBaseline(_HistoryBaseline):
         return recency
 
 
-def __getattr__(name: str) -> Any:
-    """``BASELINES`` (kind -> class), a view of the kind registry for tests/nextloc/test_evaluate.py; new code
-    reads :mod:`nextloc.models.registry`. Lazy: the registry imports this module."""
-    if name == "BASELINES":
-        from nextloc.models.registry import KINDS, kinds
-
-        return {k: KINDS[k].model_class for k in kinds("baseline")}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class BaselineModule(nn.Module):
     """A fitted baseline as a module (``forward(batch) -> (B, V)`` scores), so it is registered, loaded and
     served like any model kind.

@@ -34,7 +34,6 @@ from tasks.plots import plot_per_user, plot_training_curves
 from tasks.tracking import SELECTED_EPOCH, selected_name
 
 ModelKind = Literal[registry.kinds()]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
-NEURAL = registry.neural_kinds()  # for flows/cli.py; new code asks the registry (registry.neural_kinds())
 
 
 @dataclass(frozen=True)

@@ -116,23 +116,9 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-# Views of the registry for importers outside its owners' files (flows/cli.py, tests/nextloc/test_train.py,
-# tests/nextloc/test_evaluate.py, benchmarks/): read the registry instead in new code.
-MODEL_REGISTRY: Mapping[str, tuple[type, type]] = {
-    k: (KINDS[k].config, KINDS[k].model_class)
-    for k in kinds("neural")  # type: ignore[misc]
-}
-ENSEMBLES: Mapping[str, tuple[str, int]] = {
-    k: (KINDS[k].trained.name, KINDS[k].size) for k in kinds("ensemble")
-}
-OUTPUT_IS_LOG_PROB: Mapping[str, bool] = {k: KINDS[k].log_prob_output for k in neural_kinds()}
-
 __all__ = [
-    "ENSEMBLES",
     "KINDS",
     "MHSA",
-    "MODEL_REGISTRY",
-    "OUTPUT_IS_LOG_PROB",
     "Kind",
     "LSTMConfig",
     "LSTMModel",

@@ -108,6 +108,23 @@ class TestHelp:
         assert "--staypoints.dist_threshold_m" in result.stdout
         assert "--raw-dir" in result.stdout
 
+    @pytest.mark.parametrize("command", ["run", "train"])
+    def test_model_help_names_exactly_the_registered_kinds(
+        self, command: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The --model help is static (parsing must not import torch); the kind registry is its home."""
+        import re
+
+        from nextloc.models.registry import KINDS
+
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = one_line(capsys.readouterr().out)
+        listed = re.search(r"--model MODEL comma list of: (.*?) --seeds", text)
+        assert listed, text
+        named = set(re.findall(r"(?:^|, )([a-z_]+)", re.sub(r"\([^)]*\)", "", listed.group(1))))
+        assert named == set(KINDS)
+
     def test_download_help(self, capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as info:
             cli.main(["download", "--help"])
