@@ -67,7 +67,9 @@ def main() -> None:
     visits.to_parquet(args.out, index=False)
     report = {"histories": args.n, "visits": len(visits), "file": str(args.out)}
     if not args.write_only:
-        from nextloc.predict import encode_visits, predict, read_history
+        from nextloc.histories import encode_visits
+        from nextloc.history_reader import read_history
+        from nextloc.predict import predict
         from tasks.evaluate import load_registered
 
         t0 = time.perf_counter()

@@ -37,13 +37,12 @@ from nextloc.tabular import (
     spill_by_user,
     split_by_user,
 )
-from nextloc.visits import POSITIONFIX_COLUMNS, VISIT_COLUMNS, VISITS_SCHEMA
+from nextloc.visits import POSITIONFIX_COLUMNS, VISIT_COLUMNS
 
 # The readers are importable from here, the one place preprocessing reads inputs through
-# (tasks/preprocess.py); VISITS_SCHEMA for nextloc/synth.py.
+# (tasks/preprocess.py).
 __all__ = [
     "INPUT_FORMATS",
-    "VISITS_SCHEMA",
     "InputFormat",
     "InputSpec",
     "iter_positionfix_batches",

@@ -28,24 +28,13 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from nextloc.histories import Histories, encode_visits, to_histories
-from nextloc.history_reader import read_history
+from nextloc.histories import Histories, encode_visits
 from nextloc.novelty import novelty_features
 from nextloc.sequences import FIRST_PLACE
 from nextloc.serving import ModelBundle, packed_batch, top_k
 from nextloc.visits import parse_time, validate_visits
 
-# Importable from here as well, for tasks/evaluate.py (parse_time, read_history, to_histories) and
-# benchmarks/predict.py (encode_visits, read_history): the steps of one `nextloc predict` call.
-__all__ = [
-    "encode_visits",
-    "example_visits",
-    "parse_time",
-    "predict",
-    "predict_visits",
-    "read_history",
-    "to_histories",
-]
+__all__ = ["example_visits", "predict", "predict_visits"]
 
 
 def predict(

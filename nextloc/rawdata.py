@@ -9,7 +9,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from nextloc.archives import extract, is_zip
+from nextloc.archives import extract, find_folder_holding, is_zip
 from nextloc.download import extract_geolife, fetch_geolife
 from nextloc.locks import exclusive_lock
 
@@ -51,14 +51,15 @@ def locate_raw_data(
         if not _has_data(path):
             raise FileNotFoundError(f"${ENV_DIR}={env_dir} has no GeoLife Data/ folder")
         return RawData(path, f"${ENV_DIR} ({path})")
-    if _has_data(default_dir):
-        return RawData(default_dir, f"existing data at {default_dir}")
+    existing = _data_root(default_dir)
+    if existing is not None:
+        return RawData(existing, f"existing data at {existing}")
     archives = [Path(os.environ[ENV_ARCHIVE])] if os.environ.get(ENV_ARCHIVE) else []
     archives += archive_candidates or []
     for archive in archives:
         if archive.is_file():
-            extract_archive(archive, default_dir)
-            return RawData(default_dir, f"unpacked local archive {archive} into {default_dir}")
+            path = extract_archive(archive, default_dir)
+            return RawData(path, f"unpacked local archive {archive} into {path}")
     if not download:
         raise FileNotFoundError(
             f"no GeoLife data: set ${ENV_DIR}, put Data/ under {default_dir}, or set ${ENV_ARCHIVE}"
@@ -86,9 +87,10 @@ def extract_archive(archive: Path, out_dir: Path) -> Path:
     with exclusive_lock(
         lock, on_wait=lambda: logger.info("waiting for another process unpacking into %s", out_dir)
     ):
-        if _has_data(out_dir):
-            logger.info("%s was unpacked meanwhile by another process", out_dir)
-            return out_dir
+        existing = _data_root(out_dir)
+        if existing is not None:
+            logger.info("%s was unpacked meanwhile by another process", existing)
+            return existing
         return _extract(archive, out_dir)
 
 
@@ -110,6 +112,14 @@ def _extract(archive: Path, out_dir: Path) -> Path:
 
 def _has_data(path: Path) -> bool:
     return (path / "Data").is_dir() or (path.name == "Data" and path.is_dir())
+
+
+def _data_root(out_dir: Path) -> Path | None:
+    """Where unpacked data under ``out_dir`` is: ``out_dir`` itself (a tar's ``Data/``), or the folder one
+    level down that holds ``Data/`` (GeoLife's zip unpacks into ``Geolife Trajectories 1.3/Data``)."""
+    if _has_data(out_dir):
+        return out_dir
+    return find_folder_holding(out_dir, "Data", max_depth=1) if out_dir.is_dir() else None
 
 
 def main() -> int:

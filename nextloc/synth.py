@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from nextloc.geolife import POSITIONFIXES_SCHEMA
-from nextloc.inputs import VISITS_SCHEMA
+from nextloc.visits import VISITS_SCHEMA
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,13 @@ import torch
 
 from nextloc.data import SampleTensors
 from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise
+from nextloc.histories import to_histories
+from nextloc.history_reader import read_history
 from nextloc.metrics import RESULT_KEYS
-from nextloc.predict import parse_time, predict, read_history, to_histories
+from nextloc.predict import predict
 from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
+from nextloc.visits import parse_time
 from tasks import tracking, versions
 from tasks.catalog import Catalog
 

@@ -126,6 +126,28 @@ class TestLocate:
         monkeypatch.setenv(ENV_DIR, str(default))
         assert locate_raw_data(tmp_path / "other", [archive], download=False).source.startswith(f"${ENV_DIR}")
 
+    def test_a_zip_laid_out_as_geolifes_download_is_found_once_unpacked(
+        self, sample_dir, tmp_path, monkeypatch
+    ):
+        """GeoLife's zip unpacks into ``Geolife Trajectories 1.3/Data``: that folder is the data, and a second
+        call finds it instead of unpacking again."""
+        import zipfile
+
+        monkeypatch.delenv(ENV_DIR, raising=False)
+        monkeypatch.delenv(ENV_ARCHIVE, raising=False)
+        user = sorted(p for p in (sample_dir / "Data").iterdir() if p.is_dir())[0]
+        archive = tmp_path / "geolife.zip"
+        with zipfile.ZipFile(archive, "w") as zf:
+            for path in sorted(user.rglob("*")):
+                if path.is_file():
+                    zf.write(path, f"Geolife Trajectories 1.3/Data/{user.name}/{path.relative_to(user)}")
+        default = tmp_path / "raw"
+        found = locate_raw_data(default, [archive], download=False)
+        assert (found.path / "Data" / user.name).is_dir(), found
+        again = locate_raw_data(default, [archive], download=False)
+        assert again.path == found.path
+        assert again.source == f"existing data at {found.path}"
+
     def test_env_dir_without_data_is_an_error(self, tmp_path, monkeypatch):
         monkeypatch.setenv(ENV_DIR, str(tmp_path))
         with pytest.raises(FileNotFoundError, match=ENV_DIR):
