@@ -278,6 +278,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         args.experiment,
         at=args.at,
         user_id=args.user,
+        map_path=args.map,
     )
     if args.format == "json":
         sys.stdout.write(json.dumps(answers, indent=2) + "\n")

@@ -102,6 +102,14 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
         "--user", type=int, default=None, help="raw user id for an input without a user_id column"
     )
     parser.add_argument("--format", choices=["json", "table"], default="json", help="output (default json)")
+    parser.add_argument(
+        "--map",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="also draw the first 4 answers on a map (one panel each: the history's visits in order, the "
+        "predicted places sized by probability, P(new place) in the title); offline, no tiles",
+    )
     _add_tracking_options(parser)
 
 
