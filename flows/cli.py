@@ -118,6 +118,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "download": _cmd_download,
         "synth": _cmd_synth,
         "services": _cmd_services,
+        "serve": _cmd_serve,
     }
     for name, spec in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=spec.help, description=spec.description)
@@ -285,6 +286,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     else:
         _print_answers(answers)
     return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from services.model_server import serve_registered
+
+    return serve_registered(
+        args.model, args.alias, args.port, args.tracking_uri, args.experiment, args.timeout
+    )
 
 
 def _print_answers(answers: list[dict[str, Any]]) -> None:

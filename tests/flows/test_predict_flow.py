@@ -418,3 +418,45 @@ def test_each_champion_has_maps_of_three_test_users(store, tmp_path):
         for png in folder.iterdir():
             assert _png_size(png) == (640, 640)
 
+
+def test_nextloc_serve_answers_without_the_venv_on_path(store, two_histories, tmp_path):
+    """`nextloc serve` with PATH stripped of the venv (where `mlflow models serve` alone exits 127: it starts
+    uvicorn by name): it waits for the server, prints the URL and a curl line, answers as `nextloc predict`,
+    and Ctrl-C stops the server too."""
+    _, uri = store
+    cli = json.loads(
+        nextloc("predict", "--model", "markov", "--history", str(two_histories), "-k", "3", uri=uri).stdout
+    )
+    port = _free_port()
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(
+        p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p != venv_bin
+    )
+    env = {**os.environ, "PATH": path}
+    cmd = [str(Path(sys.executable).parent / "nextloc"), "serve", "--model", "markov", "--port", str(port)]
+    cmd += ["--tracking-uri", uri, "--experiment", "test"]
+    log = tmp_path / "serve.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while "curl -s -X POST" not in log.read_text():
+            assert proc.poll() is None, f"nextloc serve exited {proc.returncode}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"nextloc serve not up in 240 s: {log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        assert f"at http://127.0.0.1:{port}" in log.read_text()
+        status, body = _post(f"http://127.0.0.1:{port}/invocations", two_histories.read_bytes())
+        assert status == 200, body
+        assert body["predictions"] == cli
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(urllib.error.URLError, match="refused"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # nextloc serve stops its server on SIGTERM too
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
