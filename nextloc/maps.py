@@ -10,11 +10,16 @@ Decisions:
   backend is chosen and no figure registry grows, so a caller's own plotting (a notebook) is untouched.
 * **What was drawn is returned.** :class:`DrawnMap` is read back from the drawn artists (the line's data,
   the scatters' offsets and sizes), not from the inputs, so a test checks the picture itself.
-* **The history**: visits joined by a line in time order, numbered from 1 (visits at one spot share a
-  label, ``1,3,7``), an arrow on the last move and a ring on the latest visit; visits at places the model
-  never saw are crosses. **The answer**: the top-k places as discs whose area grows with the probability,
-  each labelled ``#rank p``; the title gives the user, the time asked and P(new place). An optional
-  ``actual`` place (what the user really did next, for a test sample) is a star.
+* **The history**: visits joined by a line in time order, numbered from 1 (visits within about ten
+  pixels share a label, ``1,3,7``), an arrow on the last move and a ring on the latest visit; visits at
+  places the model never saw are crosses. **The answer**: the top-k places as discs whose area grows with
+  the probability, labelled ``#rank``, and a key in the corner with each place's probability; the title
+  gives the user, the time asked and P(new place). An optional ``actual`` place (what the user really did
+  next, for a test sample) is a star.
+* **The view** frames the history, the actual place, the first place and every place within
+  :data:`VIEW_REACH` times their reach (at least :data:`MIN_REACH_M`): one place 20 km away would shrink
+  a history of a few streets to a dot, so such a place is drawn outside the view and the key gives its
+  distance and direction instead.
 * **Many answers**: one figure, one panel each, for the first :data:`MAX_PANELS` answers (the CLI's
   ``--map``); the files are written atomically (:func:`nextloc.atomic.atomic_path`).
 """
@@ -57,6 +62,9 @@ EARTH_RADIUS_M = 6_371_008.8
 MAX_NUMBERED = 40  # visits numbered one by one; beyond, only the first and the latest
 MIN_SPAN_M = 400.0  # a drawing of one spot still shows this much around it
 PLACES_LABEL = "predicted next places (area ∝ probability)"
+VIEW_REACH = 3.0  # places within this many times the history's reach are framed; farther ones are listed
+MIN_REACH_M = 2000.0
+COMPASS = ("N", "NE", "E", "SE", "S", "SW", "W", "NW")
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,8 @@ class Panel:
         place_sizes: ``(k,)`` their marker areas (points squared).
         probabilities: ``(k,)`` their probabilities.
         actual: ``(1, 2)`` the actual next place, or ``(0, 2)``.
+        in_view: ``(k,)`` which places the view frames (a far one is drawn outside it and listed).
+        place_lines: the key in the panel's corner, one line per place.
     """
 
     title: str
@@ -82,6 +92,8 @@ class Panel:
     place_sizes: np.ndarray
     probabilities: np.ndarray
     actual: np.ndarray
+    in_view: np.ndarray
+    place_lines: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -228,42 +240,73 @@ def _draw_panel(
     ax: Any, history: pd.DataFrame, answer: Mapping[str, Any], actual: tuple[float, float] | None
 ) -> Panel:
     places = [p for p in answer.get("places", []) if "latitude" in p]
-    place_lat = np.array([p["latitude"] for p in places], float)
-    place_lon = np.array([p["longitude"] for p in places], float)
+    place_ll = np.array([[p["latitude"], p["longitude"]] for p in places], float).reshape(-1, 2)
     probabilities = np.array([p["probability"] for p in places], float)
-    hist_lat = history["latitude"].to_numpy(float)
-    hist_lon = history["longitude"].to_numpy(float)
-    actual_lat = np.array([actual[0]] if actual else [], float)
-    actual_lon = np.array([actual[1]] if actual else [], float)
-    all_lat = np.concatenate([hist_lat, place_lat, actual_lat])
-    all_lon = np.concatenate([hist_lon, place_lon, actual_lon])
-    if not len(all_lat):
+    hist_ll = history[["latitude", "longitude"]].to_numpy(float).reshape(-1, 2)
+    actual_ll = np.array([actual] if actual else [], float).reshape(-1, 2)
+    in_view = _in_view(hist_ll, place_ll, actual_ll)
+    view = np.concatenate([hist_ll, place_ll[in_view], actual_ll])
+    if not len(view):
         raise ValueError("nothing to draw: the history has no visit and the answer no place with coordinates")
-    origin = ((all_lat.min() + all_lat.max()) / 2, (all_lon.min() + all_lon.max()) / 2)
-    span_m = np.ptp(project(all_lat, all_lon, origin), axis=0).max()
+    origin = ((view[:, 0].min() + view[:, 0].max()) / 2, (view[:, 1].min() + view[:, 1].max()) / 2)
+    span_m = np.ptp(project(view[:, 0], view[:, 1], origin), axis=0).max()
     unit_m = 1000.0 if span_m > KM_ABOVE_M else 1.0
     new = history["place"].to_numpy() == 1 if "place" in history else np.zeros(len(history), bool)
     tolerance = max(span_m, MIN_SPAN_M) / unit_m / 60  # about 10 pixels of a 640-pixel panel
-    line = _draw_history(ax, project(hist_lat, hist_lon, origin, unit_m), new, tolerance)
-    discs = _draw_places(ax, project(place_lat, place_lon, origin, unit_m), probabilities, places)
-    star = ax.scatter(*project(actual_lat, actual_lon, origin, unit_m).T, marker="*", s=260, c="tab:green")
+    line = _draw_history(ax, project(*hist_ll.T, origin, unit_m), new, tolerance)
+    discs = _draw_places(ax, project(*place_ll.T, origin, unit_m), places)
+    star = ax.scatter(*project(*actual_ll.T, origin, unit_m).T, marker="*", s=260, c="tab:green")
     star.set(edgecolor="black", linewidth=0.6, zorder=6)
     if actual:
         ax.scatter([], [], marker="*", s=120, c="tab:green", edgecolor="black", label="actual next place")
-    _frame(ax, np.concatenate([line.get_xydata(), discs.get_offsets(), star.get_offsets()]), origin, unit_m)
+    drawn_places = np.asarray(discs.get_offsets(), float).reshape(-1, 2)
+    centre = _frame(
+        ax, np.concatenate([line.get_xydata(), drawn_places[in_view], star.get_offsets()]), origin, unit_m
+    )
+    lines = _place_lines(places, (drawn_places - centre) * unit_m, in_view)
+    # the legend and the key go under the map, where they cover nothing
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.08), fontsize=7, frameon=False)
+    ax.text(1.0, -0.09, "\n".join(lines), transform=ax.transAxes, fontsize=7, ha="right", va="top")
     title = _title(answer, len(history))
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="best", fontsize=7, framealpha=0.8)
     return Panel(
         title=title,
         origin=(float(origin[0]), float(origin[1])),
         unit_m=unit_m,
         history=np.asarray(line.get_xydata(), float),
-        places=np.asarray(discs.get_offsets(), float).reshape(-1, 2),
+        places=drawn_places,
         place_sizes=np.asarray(discs.get_sizes(), float),
         probabilities=probabilities,
         actual=np.asarray(star.get_offsets(), float).reshape(-1, 2),
+        in_view=in_view,
+        place_lines=tuple(lines),
     )
+
+
+def _in_view(history: np.ndarray, places: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Which places the view frames: those within :data:`VIEW_REACH` times the reach of the history, the
+    actual place and the first place from their centre (at least :data:`MIN_REACH_M`). A far place would
+    shrink the history to a dot; it is listed with its distance and direction instead."""
+    focus = np.concatenate([history, places[:1], actual])
+    if not len(focus):
+        return np.zeros(len(places), bool)
+    centre = ((focus[:, 0].min() + focus[:, 0].max()) / 2, (focus[:, 1].min() + focus[:, 1].max()) / 2)
+    reach = np.hypot(*project(*focus.T, centre).T).max()
+    limit = max(VIEW_REACH * reach, MIN_REACH_M)
+    return np.hypot(*project(*places.T, centre).T) <= limit
+
+
+def _place_lines(places: list[Mapping[str, Any]], offsets_m: np.ndarray, in_view: np.ndarray) -> list[str]:
+    """The places' key: ``#rank probability``, and for a place off the map its distance and direction from
+    the view's centre."""
+    lines = []
+    for place, (east, north), seen in zip(places, offsets_m, in_view, strict=True):
+        line = f"#{place['rank']}  p {place['probability']:.3f}"
+        if not seen:
+            compass = COMPASS[round(math.degrees(math.atan2(east, north)) / 45) % 8]
+            line += f"  off the map: {math.hypot(east, north) / 1000:.1f} km {compass}"
+        lines.append(line)
+    return lines
 
 
 def _draw_history(ax: Any, xy: np.ndarray, new: np.ndarray, tolerance: float) -> Any:
@@ -304,13 +347,13 @@ def _visit_labels(xy: np.ndarray, tolerance: float) -> dict[tuple[float, float],
     }
 
 
-def _draw_places(ax: Any, xy: np.ndarray, probabilities: np.ndarray, places: list[Mapping[str, Any]]) -> Any:
-    """The predicted places, area growing with the probability, labelled ``#rank p`` (returned: the discs)."""
-    sizes = 60.0 + 1800.0 * probabilities
+def _draw_places(ax: Any, xy: np.ndarray, places: list[Mapping[str, Any]]) -> Any:
+    """The predicted places, area growing with the probability, labelled ``#rank`` (returned: the discs)."""
+    probabilities = np.array([p["probability"] for p in places], float)
     discs = ax.scatter(
-        xy[:, 0] if len(xy) else [],
-        xy[:, 1] if len(xy) else [],
-        s=sizes,
+        xy[:, 0],
+        xy[:, 1],
+        s=60.0 + 1800.0 * probabilities,
         c="tab:orange",
         alpha=0.45,
         edgecolor="darkorange",
@@ -319,16 +362,16 @@ def _draw_places(ax: Any, xy: np.ndarray, probabilities: np.ndarray, places: lis
     )
     if len(xy):  # the legend's marker at a fixed size (the discs' own would be the largest)
         ax.scatter([], [], s=90, c="tab:orange", alpha=0.45, edgecolor="darkorange", label=PLACES_LABEL)
-    for (x, y), place, p in zip(xy, places, probabilities, strict=True):
+    for (x, y), place in zip(xy, places, strict=True):
         ax.annotate(
-            f"#{place['rank']} {p:.2f}", (x, y), xytext=(6, -10), textcoords="offset points", fontsize=8
+            f"#{place['rank']}", (x, y), xytext=(5, -11), textcoords="offset points", fontsize=8, zorder=7
         )
     return discs
 
 
-def _frame(ax: Any, xy: np.ndarray, origin: tuple[float, float], unit_m: float) -> None:
-    """Equal aspect, a margin around everything drawn (at least :data:`MIN_SPAN_M`), axes that say where
-    their origin is."""
+def _frame(ax: Any, xy: np.ndarray, origin: tuple[float, float], unit_m: float) -> np.ndarray:
+    """Equal aspect, a margin around ``xy`` (at least :data:`MIN_SPAN_M`), axes that say where their origin
+    is; returns the view's centre."""
     low, high = xy.min(axis=0), xy.max(axis=0)
     centre = (low + high) / 2
     half = max(float((high - low).max()) * 0.6, MIN_SPAN_M / unit_m / 2)
@@ -342,6 +385,7 @@ def _frame(ax: Any, xy: np.ndarray, origin: tuple[float, float], unit_m: float) 
     ax.set_ylabel(f"{unit} north", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(True, linewidth=0.3, alpha=0.5)
+    return centre
 
 
 def _title(answer: Mapping[str, Any], n_visits: int) -> str:

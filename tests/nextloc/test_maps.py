@@ -124,8 +124,31 @@ def test_the_map_draws_the_history_and_the_places(tmp_path: Path) -> None:
     assert panel.probabilities.tolist() == [p["probability"] for p in places]
     assert np.all(np.diff(panel.place_sizes) <= 0)  # rank 1 (most probable) is the largest
     assert panel.actual == pytest.approx(project(*np.array([north(500)]).T, panel.origin, 1000))
+    assert panel.in_view.all()
+    assert list(panel.place_lines) == [f"#{p['rank']}  p {p['probability']:.3f}" for p in places]
     assert "user 153" in panel.title
     assert "P(new place) 0.20" in panel.title
+
+
+def test_a_far_place_is_listed_not_framed(tmp_path: Path) -> None:
+    """A place 20 km south of a history of a few hundred metres stays off the view, named in the key with
+    its distance and direction; the view frames the rest."""
+    model, histories, answer = answered(VISITS[:2])
+    far = {
+        "rank": 3,
+        "location_id": 9,
+        "latitude": north(-20_000)[0],
+        "longitude": BASE[1],
+        "probability": 0.01,
+    }
+    answer = {**answer, "places": [*answer["places"][:2], far]}
+    drawn = draw_answer(history_visits(histories, 0, model.locations), answer, tmp_path / "far.png")
+    (panel,) = drawn.panels
+    assert panel.in_view.tolist() == [True, True, False]
+    assert panel.unit_m == 1  # the view: 500 m, in metres
+    assert panel.place_lines[2].startswith("#3  p 0.010  off the map: 20.")
+    assert panel.place_lines[2].endswith("km S")
+    assert panel.places[2, 1] == pytest.approx(panel.places[0, 1] - 20_000, abs=1)  # drawn where it is
 
 
 def test_a_small_history_is_drawn_in_metres(tmp_path: Path) -> None:
