@@ -6,8 +6,8 @@ Decisions:
   ``POST /invocations`` exactly as ``nextloc predict`` does (:mod:`tasks.pyfunc_model`); nothing of ours
   sits between a client and it.
 * **No PATH needed.** ``mlflow models serve`` starts ``uvicorn`` by name (``bash -c "exec uvicorn ..."``):
-  with only ``.venv/bin/mlflow`` called, and the venv not on ``PATH``, it exits 127 with a bare
-  ``uvicorn: command not found``. So mlflow runs as ``<this python> -m mlflow`` and the child's ``PATH``
+  with only ``.venv/bin/mlflow`` called, and the venv not on ``PATH``, it dies with ``exec: uvicorn: not
+  found`` and a traceback (``Return code = 127``). So mlflow runs as ``<this python> -m mlflow`` and the child's ``PATH``
   starts with this interpreter's folder, where pip put ``uvicorn``; without one there, it stops before
   starting anything, saying so.
 * **The project's store.** The model URI ``models:/nextloc-<kind>@<alias>`` is resolved against the
