@@ -118,6 +118,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "download": _cmd_download,
         "synth": _cmd_synth,
         "services": _cmd_services,
+        "serve": _cmd_serve,
     }
     for name, spec in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=spec.help, description=spec.description)
@@ -278,12 +279,21 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         args.experiment,
         at=args.at,
         user_id=args.user,
+        map_path=args.map,
     )
     if args.format == "json":
         sys.stdout.write(json.dumps(answers, indent=2) + "\n")
     else:
         _print_answers(answers)
     return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from services.model_server import serve_registered
+
+    return serve_registered(
+        args.model, args.alias, args.port, args.tracking_uri, args.experiment, args.timeout
+    )
 
 
 def _print_answers(answers: list[dict[str, Any]]) -> None:

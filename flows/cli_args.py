@@ -102,6 +102,14 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
         "--user", type=int, default=None, help="raw user id for an input without a user_id column"
     )
     parser.add_argument("--format", choices=["json", "table"], default="json", help="output (default json)")
+    parser.add_argument(
+        "--map",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="also draw the first 4 answers on a map (one panel each: the history's visits in order, the "
+        "predicted places sized by probability, P(new place) in the title); offline, no tiles",
+    )
     _add_tracking_options(parser)
 
 
@@ -152,6 +160,16 @@ def _services_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="ranker", help="model kind (default ranker)")
+    parser.add_argument("--alias", default="champion", help="registry alias or version number")
+    parser.add_argument("--port", type=int, default=5001, help="port on 127.0.0.1 (default 5001)")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the server to answer (default 300)"
+    )
+    _add_tracking_options(parser)
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "preprocess": Subcommand(
         _preprocess_arguments,
@@ -194,6 +212,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "services": Subcommand(
         _services_arguments,
         help="start/stop a local Prefect server, the MLflow UI and the deployments (logs in .services/)",
+    ),
+    "serve": Subcommand(
+        _serve_arguments,
+        help="serve a registered model (default: the ranker champion) over HTTP on 127.0.0.1 with MLflow.",
+        description="MLflow's scoring server (`mlflow models serve --env-manager local`) for "
+        "models:/nextloc-<model>@<alias> from the project's tracking store, in the foreground: it waits "
+        "until the server answers, prints the URL and an example request (POST /invocations, the visits "
+        "as `nextloc predict` reads them), and stops it on Ctrl-C.",
     ),
 }
 

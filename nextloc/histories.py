@@ -56,12 +56,17 @@ class Histories:
             kinds: ``history``, ``started_at``, ``finished_at``, ``place`` (encoded), ``raw_place``; None
             for histories that were never visits (a samples table).
         at: ``(B,)`` each question's time (UTC), with ``visits``.
+        window: the visits each packed row holds, in order (what a map of the answer draws,
+            :func:`history_visits`): ``history``, ``started_at``, ``place`` (``1``: a new place),
+            ``latitude``, ``longitude`` (the request's own coordinates of the first visit merged into it);
+            None for histories that were never visits.
     """
 
     packed: np.ndarray
     meta: pd.DataFrame
     visits: pd.DataFrame | None = None
     at: pd.Series | None = None
+    window: pd.DataFrame | None = None
 
 
 def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | None = None) -> Histories:
@@ -116,7 +121,7 @@ def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | 
         int(meta["new_place_visits"].sum()),
         int((~meta["known_user"]).sum()),
     )
-    return Histories(packed, meta, request, pd.Series(at_utc))
+    return Histories(packed, meta, request, pd.Series(at_utc), _window_visits(sp, h))
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,8 @@ def _merged_activities(
     frame = v.loc[keep, ["started_at", "finished_at"]].reset_index(drop=True)
     frame.insert(0, "user_id", hist[keep])
     frame["location_id"] = merge_id[keep]
+    frame["latitude"] = v["latitude"].to_numpy()[keep]  # merging keeps the first visit's (for maps)
+    frame["longitude"] = v["longitude"].to_numpy()[keep]
     merged = merge_staypoints(frame, cfg.locations.merge_max_gap_min)
     return add_time_features(merged, cfg.timezone)
 
@@ -188,6 +195,46 @@ def _request_visits(sp: pd.DataFrame) -> pd.DataFrame:
             "finished_at": sp["finished_at"].to_numpy(),
             "place": np.where(merge_ids >= FIRST_PLACE, merge_ids, UNSEEN),
             "raw_place": merge_ids,
+        }
+    )
+
+
+def _window_visits(sp: pd.DataFrame, h: np.ndarray) -> pd.DataFrame:
+    """The windowed visits with their coordinates (:attr:`Histories.window`)."""
+    merge_ids = sp["location_id"].to_numpy(np.int64)
+    return pd.DataFrame(
+        {
+            "history": h,
+            "started_at": sp["started_at"].to_numpy(),
+            "place": np.where(merge_ids >= FIRST_PLACE, merge_ids, UNSEEN),
+            "latitude": sp["latitude"].to_numpy(np.float64),
+            "longitude": sp["longitude"].to_numpy(np.float64),
+        }
+    )
+
+
+def history_visits(histories: Histories, index: int, locations: pd.DataFrame | None) -> pd.DataFrame:
+    """The visits history ``index`` was answered from, oldest first: ``started_at`` (NaT for a samples
+    table), ``place``, ``latitude``, ``longitude``.
+
+    Visits carry the request's own coordinates. A samples table (or packed histories) holds place ids only:
+    each visit is drawn at its place's centre in ``locations`` (the model's vocabulary), and a visit at a new
+    place, which has no centre, is left out.
+    """
+    if histories.window is not None:
+        rows = histories.window[histories.window["history"].to_numpy() == index]
+        return rows.drop(columns="history").reset_index(drop=True)
+    places = histories.packed[index, :, 0]
+    places = places[places >= FIRST_PLACE]
+    if locations is None:
+        raise ValueError("a samples table's history is place ids: drawing it needs the model's vocabulary")
+    centres = locations.set_index("loc_index").reindex(places)
+    return pd.DataFrame(
+        {
+            "started_at": pd.Series(pd.NaT, index=range(len(places)), dtype="datetime64[ns, UTC]"),
+            "place": places,
+            "latitude": centres["latitude"].to_numpy(np.float64),
+            "longitude": centres["longitude"].to_numpy(np.float64),
         }
     )
 

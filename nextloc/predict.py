@@ -34,7 +34,7 @@ from nextloc.sequences import FIRST_PLACE
 from nextloc.serving import ModelBundle, packed_batch, top_k
 from nextloc.visits import parse_time, validate_visits
 
-__all__ = ["example_visits", "predict", "predict_visits"]
+__all__ = ["example_visits", "predict", "predict_visits", "visits_at_centres"]
 
 
 def predict(
@@ -156,7 +156,7 @@ def _answers(
 
 def example_visits(staypoints: pd.DataFrame, locations: pd.DataFrame, n: int = 6) -> pd.DataFrame:
     """A few real visits in the input format (a registered model's input example): the last ``n``
-    staypoints of the first user at known locations, at their location's centre, times as ISO text.
+    staypoints of the first user at known locations (:func:`visits_at_centres`).
 
     Args:
         staypoints: a dataset's final staypoints (``user_id``, ``location_id``, ``started_at``, ...).
@@ -164,12 +164,23 @@ def example_visits(staypoints: pd.DataFrame, locations: pd.DataFrame, n: int = 6
     """
     known = staypoints[staypoints["location_id"] >= FIRST_PLACE]
     user = known[known["user_id"] == known["user_id"].iloc[0]].sort_values("started_at").tail(n)
-    centres = locations.set_index("loc_index").loc[user["location_id"].to_numpy()]
+    return visits_at_centres(user, locations)
+
+
+def visits_at_centres(staypoints: pd.DataFrame, locations: pd.DataFrame) -> pd.DataFrame:
+    """A dataset's staypoints at known locations as visits in the input format: each at its location's
+    centre (the dataset keeps no staypoint's own coordinates), times as ISO text (UTC).
+
+    Args:
+        staypoints: final staypoints with ``location_id >= 2`` (a new place has no centre).
+        locations: the dataset's location vocabulary (``loc_index``, ``latitude``, ``longitude``).
+    """
+    centres = locations.set_index("loc_index").loc[staypoints["location_id"].to_numpy()]
     return pd.DataFrame(
         {
-            "user_id": user["user_id"].to_numpy(np.int64),
-            "started_at": user["started_at"].dt.strftime("%Y-%m-%dT%H:%M:%SZ").to_numpy(),
-            "finished_at": user["finished_at"].dt.strftime("%Y-%m-%dT%H:%M:%SZ").to_numpy(),
+            "user_id": staypoints["user_id"].to_numpy(np.int64),
+            "started_at": staypoints["started_at"].dt.strftime("%Y-%m-%dT%H:%M:%SZ").to_numpy(),
+            "finished_at": staypoints["finished_at"].dt.strftime("%Y-%m-%dT%H:%M:%SZ").to_numpy(),
             "latitude": centres["latitude"].to_numpy(np.float64),
             "longitude": centres["longitude"].to_numpy(np.float64),
         }

@@ -28,7 +28,8 @@ Prefect, and PostgreSQL last. Ports: ``$NEXTLOC_PREFECT_PORT``, ``$NEXTLOC_MLFLO
 
 Modules: :mod:`services.layout` (the folder, ports and database URLs), :mod:`services.processes` (start,
 find, wait for and stop one process), :mod:`services.postgres` (the local PostgreSQL server and the
-databases), :mod:`services.supervisor` (all of them, in order). This package is not a flow and is no part
+databases), :mod:`services.supervisor` (all of them, in order), :mod:`services.model_server` (``nextloc
+serve``: MLflow's scoring server for one registered model, in the foreground). This package is not a flow and is no part
 of the ``nextloc`` library: it starts Prefect's and MLflow's servers as processes.
 """
 

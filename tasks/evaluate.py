@@ -13,13 +13,14 @@ import torch
 
 from nextloc.data import SampleTensors
 from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise
-from nextloc.histories import to_histories
+from nextloc.histories import encode_visits, history_visits, to_histories
 from nextloc.history_reader import read_history
+from nextloc.maps import draw_answer, draw_predictions, map_questions
 from nextloc.metrics import RESULT_KEYS
 from nextloc.predict import predict
 from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
-from nextloc.visits import parse_time
+from nextloc.visits import parse_time, validate_visits
 from tasks import tracking, versions
 from tasks.catalog import Catalog
 
@@ -98,13 +99,67 @@ def predict_registered(
     at: str | None = None,
     user_id: int | None = None,
     progress: bool = True,
+    map_path: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Answers of a registered model for a history file (visits, positionfixes, samples) or JSON text:
-    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict`)."""
+    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict`); with ``map_path``, the
+    first answers drawn on a map there (:func:`nextloc.maps.draw_predictions`)."""
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     raw = read_history(history, bundle.preprocess, user_id)
     stamp = parse_time(at, "--at", "at") if at else None
-    return predict(bundle, to_histories(raw, bundle, stamp), k, progress=progress)
+    histories = to_histories(raw, bundle, stamp)
+    answers = predict(bundle, histories, k, progress=progress)
+    if map_path is not None:
+        drawn = draw_predictions(histories, answers, bundle.locations, Path(map_path))
+        logger.info("map of the first %d of %d answers: %s", len(drawn.panels), len(answers), drawn.path)
+    return answers
+
+
+MAP_USERS = 3  # test users drawn for each champion
+
+
+def champion_maps(
+    kind: str,
+    version: str,
+    run_id: str,
+    data_dir: Path,
+    tracking_uri: str | None,
+    experiment: str,
+    k: int = 5,
+) -> list[str]:
+    """Draw a champion's answers for the :data:`MAP_USERS` test users with the most test samples (each asked
+    at their last test target, the place they really went drawn as well: :func:`nextloc.maps.map_questions`)
+    and log them to the run that trained it as ``maps/<user_id>.png``.
+
+    Logged when the alias moves (:mod:`tasks.promotion`), so every champion has them; a version that never
+    became champion is never drawn. A user whose history is empty to the model is skipped.
+
+    Returns:
+        the artifact paths logged.
+    """
+    bundle = load_registered(kind, version, tracking_uri, experiment)
+    catalog = Catalog(str(data_dir))
+    questions = map_questions(
+        pd.read_parquet(catalog.samples("test"), columns=["user_id", "staypoint_id"]),
+        pd.read_parquet(catalog.staypoints),
+        pd.read_parquet(catalog.vocabulary("locations")),
+        MAP_USERS,
+        bundle.preprocess.samples.previous_days,
+    )
+    logged = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for question in questions:
+            try:
+                histories = encode_visits(validate_visits(question.visits, "map"), bundle, question.at)
+            except ValueError as err:
+                logger.info("no map for user %d: %s", question.user_id, err)
+                continue
+            (answer,) = predict(bundle, histories, k)
+            path = Path(tmp) / f"{question.user_id}.png"
+            draw_answer(history_visits(histories, 0, bundle.locations), answer, path, question.actual)
+            tracking.log_file_artifact(run_id, path, "maps")
+            logged.append(f"maps/{path.name}")
+    return logged
 
 
 def leaderboard_from_mlflow(

@@ -10,7 +10,8 @@ decision metric (a place metric by default) *and* a paired bootstrap over the sa
 (:func:`nextloc.evaluate.champion_decision`). The test, the p-value, the per-user-group differences (users
 whose data changed since the champion was trained, unchanged users, new users) and the decision are
 recorded on the MLflow parent run, the challenger's run and the challenger's registry version
-(:func:`tasks.versions.record_decision`).
+(:func:`tasks.versions.record_decision`). A new champion's run also gets its answers for a few test users
+drawn on maps (``maps/<user_id>.png``, :func:`tasks.evaluate.champion_maps`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
 from tasks.caching import CACHE_POLICY, call_cached
 from tasks.catalog import Catalog
-from tasks.evaluate import load_registered, registered_scores
+from tasks.evaluate import champion_maps, load_registered, registered_scores
 from tasks.tracking import selected_name
 from tasks.train import DataRef, TrackingConfig
 from tasks.versions import Holder, champion_holder, move_champion, record_decision
@@ -106,7 +107,23 @@ def champion_challenger(
     decision["decision"] = decision_text(name, decision)  # the one sentence every surface shows
     record_decision(parent_run_id, kind, decision)
     logger.info("%s: %s -> %s", name, decision["reason"], "promoted" if decision["promoted"] else "kept")
+    if decision["promoted"]:
+        _draw_champion(kind, decision["challenger_version"], challenger["run_id"], data, tracking_cfg)
     return decision
+
+
+def _draw_champion(kind: str, version: str, run_id: str, data: DataRef, tracking_cfg: TrackingConfig) -> None:
+    """The new champion's maps on its run (:func:`tasks.evaluate.champion_maps`), after the decision is
+    recorded: a map that cannot be drawn is a warning, never an undone or unrecorded promotion."""
+    logger = get_run_logger()
+    try:
+        maps = champion_maps(
+            kind, version, run_id, Path(data.data_dir), tracking_cfg.tracking_uri, tracking_cfg.experiment
+        )
+    except Exception as err:  # the drawing is an illustration: it must not fail the training flow
+        logger.warning("%s v%s: no maps of its answers (%s: %s)", kind, version, type(err).__name__, err)
+        return
+    logger.info("%s v%s: its run has %s", kind, version, ", ".join(maps) or "no map (no test user to draw)")
 
 
 def _check_metrics(decision_metric: str, promote_metric: str) -> None:

@@ -57,6 +57,21 @@ def champion_holder(kind: str) -> Holder | None:
     return None
 
 
+def alias_version(kind: str, alias: str) -> str | None:
+    """The version of ``nextloc-<kind>`` that ``alias`` names (a version number names itself); None when
+    there is no such alias, version or registered model."""
+    client = MlflowClient()
+    name = tracking.registered_name(kind)
+    with contextlib.suppress(MlflowException):
+        found = (
+            client.get_model_version(name, alias)
+            if alias.isdigit()
+            else client.get_model_version_by_alias(name, alias)
+        )
+        return str(found.version)
+    return None
+
+
 def move_champion(kind: str, version: str) -> None:
     """Give the ``champion`` alias of ``nextloc-<kind>`` to ``version``."""
     MlflowClient().set_registered_model_alias(tracking.registered_name(kind), CHAMPION, version)

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -354,3 +355,108 @@ def test_the_accuracy_benchmark_splits_every_kind_by_kind_of_target(store):
         whole = sum(shares[g] / 100 * by_target[g]["mean"] for g in shares if by_target[g]["n"])
         assert whole == pytest.approx(numbers["place_acc@1"]["mean"], abs=0.05), kind
         assert by_target["new"]["mean"] == 0  # a place model never names a new place
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG (its signature checked)."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert head[12:16] == b"IHDR"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_predict_draws_the_answers_on_a_map(store, two_histories, tmp_path):
+    """`nextloc predict --map`: the JSON answers as without it, and a PNG with one panel per history."""
+    _, uri = store
+    out_png = tmp_path / "answers.png"
+    args = ("predict", "--model", "markov", "--history", str(two_histories), "-k", "3")
+    with_map = json.loads(nextloc(*args, "--map", str(out_png), uri=uri).stdout)
+    assert with_map == json.loads(nextloc(*args, uri=uri).stdout)
+    assert _png_size(out_png) == (1280, 640)  # two histories: two 640 x 640 panels side by side
+
+
+def test_the_map_of_a_real_user_holds_their_visits_and_places(store, sample_dir, tmp_path):
+    """User 73's raw fixes answered by the champion: the map draws every visit the model used, in order,
+    and the places it named at their coordinates."""
+    from nextloc.histories import to_histories
+    from nextloc.history_reader import read_history
+    from nextloc.maps import draw_predictions, project
+    from nextloc.predict import predict
+    from tasks.evaluate import load_registered
+
+    _, uri = store
+    bundle = load_registered("pointer_plus", "champion", uri, "test")
+    raw = read_history(sample_dir / "Data" / "073" / "Trajectory", bundle.preprocess)
+    histories = to_histories(raw, bundle)
+    (answer,) = predict(bundle, histories, k=5)
+    drawn = draw_predictions(histories, [answer], bundle.locations, tmp_path / "73.png")
+    (panel,) = drawn.panels
+    assert _png_size(drawn.path) == (640, 640)
+    assert len(panel.history) == answer["visits_used"] >= 1
+    lat = [p["latitude"] for p in answer["places"]]
+    lon = [p["longitude"] for p in answer["places"]]
+    assert panel.places == pytest.approx(project(lat, lon, panel.origin, panel.unit_m))
+    assert f"P(new place) {answer['p_new_place']:.2f}" in panel.title
+
+
+def test_each_champion_has_maps_of_three_test_users(store, tmp_path):
+    """The promotion logs the champion's answers for the 3 users with the most test samples (ties: the lower
+    id) to the champion's run as maps/<user_id>.png."""
+    from tasks import tracking
+    from tasks.versions import champion_holder
+
+    data_dir, uri = store
+    counts = pd.read_parquet(data_dir / "samples" / "test.parquet", columns=["user_id"])[
+        "user_id"
+    ].value_counts()
+    expected = sorted(counts.index, key=lambda u: (-counts[u], u))[:3]
+    tracking.configure(uri, "test")
+    for kind in ("markov", "pointer_plus", "ranker"):
+        holder = champion_holder(kind)
+        folder = tracking.download_run_artifacts(holder.run_id, "maps", tmp_path / kind)
+        assert sorted(p.name for p in folder.iterdir()) == sorted(f"{u}.png" for u in expected), kind
+        for png in folder.iterdir():
+            assert _png_size(png) == (640, 640)
+
+
+def test_nextloc_serve_answers_without_the_venv_on_path(store, two_histories, tmp_path):
+    """`nextloc serve` with PATH stripped of the venv (where `mlflow models serve` alone exits 127: it starts
+    uvicorn by name): it waits for the server, prints the URL and a curl line, answers as `nextloc predict`,
+    and Ctrl-C stops the server too."""
+    _, uri = store
+    cli = json.loads(
+        nextloc("predict", "--model", "markov", "--history", str(two_histories), "-k", "3", uri=uri).stdout
+    )
+    port = _free_port()
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(
+        p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p != venv_bin
+    )
+    env = {**os.environ, "PATH": path}
+    cmd = [str(Path(sys.executable).parent / "nextloc"), "serve", "--model", "markov", "--port", str(port)]
+    cmd += ["--tracking-uri", uri, "--experiment", "test"]
+    log = tmp_path / "serve.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while "curl -s -X POST" not in log.read_text():
+            assert proc.poll() is None, f"nextloc serve exited {proc.returncode}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"nextloc serve not up in 240 s: {log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        assert f"at http://127.0.0.1:{port}" in log.read_text()
+        status, body = _post(f"http://127.0.0.1:{port}/invocations", two_histories.read_bytes())
+        assert status == 200, body
+        assert body["predictions"] == cli
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(urllib.error.URLError, match="refused"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # nextloc serve stops its server on SIGTERM too
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
