@@ -416,7 +416,7 @@ def _print_summary(result: dict[str, Any]) -> None:
         from nextloc.duplicates import describe_pairs
 
         console.print(
-            f"users sharing recordings: {describe_pairs(duplicates)} | {duplicates['copied_test_samples']} of "
+            f"users sharing recordings: {describe_pairs(duplicates, 5)} | {duplicates['copied_test_samples']} of "
             f"{duplicates['test_samples']} test samples are copies | {duplicates['n_files_dropped']} files dropped"
         )
 

@@ -1,8 +1,8 @@
 """Trajectories held under several users: find them, report them, and (an option) keep one copy.
 
 GeoLife holds some recordings under two users: 000 and 003 share 129 byte-identical ``.plt`` files, 153
-and 163 share 230 (nearly all identical), 126 and 167 share 152. Their staypoints come out twice, so a
-test target can be a second copy of another user's staypoint, in test or in training. Nothing in the
+and 163 225, 126 and 167 145 (and 41 other pairs a few each). Their staypoints come out twice, so a test
+target can be a second copy of another user's staypoint, in test or in training. Nothing in the
 reference protocol notices; this module does, in three places:
 
 * **Files** (:func:`shared_files`): two users share a file when they hold files of identical content
@@ -23,8 +23,9 @@ DBSCAN locations (at ``min_samples=2`` a staypoint and its copy form a location 
 count in the copying user's tracked extent (the quality filter). Files that differ (a few of 153/163's)
 are not dropped; their shared staypoints stay in the report and are flagged in evaluation.
 
-Evaluation (:func:`copied_targets`) flags the samples whose target staypoint is a copy, so the metrics can
-be given without them: the first copy stays, as it would with one copy of the data.
+Evaluation (:func:`copied_targets`) flags the test samples whose target is a second copy (a lower user id
+holds it: the sample is counted twice) or that another user holds in training or validation (the model has
+seen it), so the metrics can be given without them: what stays is the test set one copy of the data gives.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from nextloc.storage import read_parquet
 #: what makes two staypoints the same (the place is the DBSCAN location, see the module docstring)
 STAYPOINT_KEY = ("started_at", "finished_at", "raw_location_id")
 #: the columns of the final staypoints this module reads
-STAYPOINT_COLUMNS = ("id", "user_id", *STAYPOINT_KEY)
+STAYPOINT_COLUMNS = ("id", "user_id", "split", *STAYPOINT_KEY)
 
 Pair = tuple[int, int]
 
@@ -125,21 +126,37 @@ def copied_staypoints(staypoints: pd.DataFrame) -> np.ndarray:
     return staypoints["user_id"].to_numpy() > first_holders(staypoints)
 
 
+def _twins(staypoints: pd.DataFrame) -> pd.DataFrame:
+    """Every ordered pair of staypoints of two users with the same start, end and place: ``id``,
+    ``user_id``, ``split`` of the one, ``id_twin``, ``user_id_twin``, ``split_twin`` of the other, and
+    ``flags``: whether the twin makes the first a copy in evaluation (:func:`copied_targets`)."""
+    key = list(STAYPOINT_KEY)
+    held = staypoints.loc[staypoints.duplicated(key, keep=False), [*key, "id", "user_id", "split"]]
+    held = held.drop_duplicates([*key, "user_id"])
+    twins = held.merge(held, on=key, suffixes=("", "_twin"))
+    twins = twins[twins["user_id"] != twins["user_id_twin"]]
+    flags = (twins["user_id_twin"] < twins["user_id"]) | twins["split_twin"].isin(["train", "val"])
+    return twins.assign(flags=flags.to_numpy())
+
+
 def staypoint_pairs(staypoints: pd.DataFrame) -> dict[Pair, int]:
     """Per user pair ``(a, b)``, ``a < b``: how many staypoints (start, end, place) both hold."""
-    key = list(STAYPOINT_KEY)
-    held = staypoints.loc[staypoints.duplicated(key, keep=False), [*key, "user_id"]].drop_duplicates()
-    both = held.merge(held, on=key, suffixes=("_a", "_b"))
-    both = both[both["user_id_a"] < both["user_id_b"]]
-    counts = both.groupby(["user_id_a", "user_id_b"], sort=True).size()
+    twins = _twins(staypoints)
+    twins = twins[twins["user_id"] < twins["user_id_twin"]]
+    counts = twins.groupby(["user_id", "user_id_twin"], sort=True).size()
     return {(int(a), int(b)): int(n) for (a, b), n in counts.items()}
 
 
 def copied_targets(staypoints: pd.DataFrame, target_ids: np.ndarray) -> np.ndarray:
-    """``(N,)`` whether each sample's target staypoint (by ``id``, the samples' ``staypoint_id``) is a copy
-    of another user's (:func:`copied_staypoints`)."""
-    copies = staypoints["id"].to_numpy()[copied_staypoints(staypoints)]
-    return np.isin(np.asarray(target_ids), copies)
+    """``(N,)`` whether each target staypoint (by ``id``, the samples' ``staypoint_id``) is a copy for
+    evaluation: a user with a lower id holds the same staypoint (a second copy: the sample is counted
+    twice), or another user holds it in training or validation (the model has seen it).
+
+    A test target is kept only as the first copy of staypoints that are test targets wherever they are:
+    the test set one copy of the data would give, without targets the model saw under another user.
+    """
+    twins = _twins(staypoints)
+    return np.isin(np.asarray(target_ids), twins.loc[twins["flags"], "id"].to_numpy())
 
 
 def copied_samples(staypoints_path: Path, samples: pa.Table) -> np.ndarray | None:
@@ -164,19 +181,18 @@ def duplicate_report(
 
     Returns:
         ``pairs`` (one entry per user pair sharing anything: ``users``, ``shared_files``, ``shared_staypoints``,
-        ``copied_test_samples``, the pair's copies among the test targets, counted for the higher user),
-        the totals ``copied_staypoints``, ``copied_test_samples`` and ``test_samples``, and
-        ``drop_shared_files`` with ``files_dropped`` (per user) and ``n_files_dropped``.
+        ``copied_test_samples``: the test targets of either user that the other's twin makes a copy, see
+        :func:`copied_targets`), the totals ``copied_staypoints`` (second copies), ``copied_test_samples``
+        (what evaluation leaves out) and ``test_samples``, and ``drop_shared_files`` with ``files_dropped``
+        (per user) and ``n_files_dropped``.
     """
-    copied = copied_staypoints(staypoints)
-    test = pd.DataFrame({"id": np.asarray(test_ids)}).merge(
-        pd.DataFrame(
-            {"id": staypoints["id"], "first": first_holders(staypoints), "user": staypoints["user_id"]}
-        ),
-        on="id",
-    )
-    test = test[test["user"] > test["first"]]
-    test_pairs = Counter(zip(test["first"].astype(int), test["user"].astype(int), strict=True))
+    twins = _twins(staypoints)
+    test_ids = np.asarray(test_ids)
+    flagged = twins[twins["flags"] & twins["id"].isin(test_ids)]
+    users = np.sort(flagged[["user_id", "user_id_twin"]].to_numpy(), axis=1)
+    flagged_pairs = pd.DataFrame({"a": users[:, 0], "b": users[:, 1], "id": flagged["id"].to_numpy()})
+    test_pairs = flagged_pairs.drop_duplicates().groupby(["a", "b"]).size()
+    test_pairs = {(int(a), int(b)): int(n) for (a, b), n in test_pairs.items()}
     file_pairs = dict(files.pairs) if files is not None else {}
     sp_pairs = staypoint_pairs(staypoints)
     dropped = dict(files.dropped) if files is not None else {}
@@ -190,8 +206,8 @@ def duplicate_report(
             }
             for a, b in sorted(set(file_pairs) | set(sp_pairs) | set(test_pairs))
         ],
-        "copied_staypoints": int(copied.sum()),
-        "copied_test_samples": len(test),
+        "copied_staypoints": int(copied_staypoints(staypoints).sum()),
+        "copied_test_samples": int(copied_targets(staypoints, test_ids).sum()),
         "test_samples": len(test_ids),
         "drop_shared_files": drop_shared_files,
         "files_dropped": {str(user): len(paths) for user, paths in sorted(dropped.items())},
@@ -199,20 +215,36 @@ def duplicate_report(
     }
 
 
-def describe_pairs(duplicates: Mapping[str, Any]) -> str:
-    """One line naming the pairs: ``000/003 (129 files, 1200 staypoints, 50 test targets); ...``.
+def describe_pairs(duplicates: Mapping[str, Any], limit: int | None = None) -> str:
+    """The pairs in one line, most copied test samples first: ``153/163 (225 files, 510 staypoints, 111 test
+    targets); ...``; past ``limit`` pairs, their number and totals.
 
     Examples:
         >>> describe_pairs({"pairs": [{"users": [0, 3], "shared_files": 2, "shared_staypoints": 5,
         ...                            "copied_test_samples": 1}]})
         '000/003 (2 files, 5 staypoints, 1 test targets)'
     """
-    parts = []
-    for pair in duplicates["pairs"]:
-        a, b = pair["users"]
-        files = "" if pair["shared_files"] is None else f"{pair['shared_files']} files, "
-        parts.append(
-            f"{a:03d}/{b:03d} ({files}{pair['shared_staypoints']} staypoints, "
-            f"{pair['copied_test_samples']} test targets)"
-        )
+    pairs = sorted(
+        duplicates["pairs"],
+        key=lambda p: (
+            -p["copied_test_samples"],
+            -p["shared_staypoints"],
+            -(p["shared_files"] or 0),
+            p["users"],
+        ),
+    )
+    shown, rest = pairs[:limit], pairs[len(pairs) if limit is None else limit :]
+    parts = [f"{p['users'][0]:03d}/{p['users'][1]:03d} ({_counts(p)})" for p in shown]
+    if rest:
+        totals = {
+            "shared_files": None if rest[0]["shared_files"] is None else sum(p["shared_files"] for p in rest),
+            "shared_staypoints": sum(p["shared_staypoints"] for p in rest),
+            "copied_test_samples": sum(p["copied_test_samples"] for p in rest),
+        }
+        parts.append(f"{len(rest)} more pairs ({_counts(totals)})")
     return "; ".join(parts)
+
+
+def _counts(pair: Mapping[str, Any]) -> str:
+    files = "" if pair["shared_files"] is None else f"{pair['shared_files']} files, "
+    return f"{files}{pair['shared_staypoints']} staypoints, {pair['copied_test_samples']} test targets"

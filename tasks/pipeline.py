@@ -116,7 +116,7 @@ def _duplicate_lines(duplicates: dict[str, Any] | None) -> list[str]:
         return []
     dropped = duplicates["n_files_dropped"]
     return [
-        f"- users sharing recordings: {describe_pairs(duplicates)}; {duplicates['copied_test_samples']} of "
+        f"- users sharing recordings: {describe_pairs(duplicates, 5)}; {duplicates['copied_test_samples']} of "
         f"{duplicates['test_samples']} test samples are copies"
         + (f"; {dropped} copied files dropped" if dropped else "")
         + " (see `ingest_report.json`)"
@@ -128,7 +128,7 @@ def _duplicate_tags(duplicates: dict[str, Any] | None) -> dict[str, str]:
     if duplicates is None:
         return {}
     return {
-        "duplicates.pairs": (describe_pairs(duplicates) or "none")[:1000],
+        "duplicates.pairs": (describe_pairs(duplicates, 10) or "none")[:1000],
         "duplicates.copied_test_samples": str(duplicates["copied_test_samples"]),
         "duplicates.files_dropped": str(duplicates["n_files_dropped"]),
     }

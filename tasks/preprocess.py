@@ -163,12 +163,14 @@ def discover_raw_users(
 
 
 def _log_shared_files(shared: SharedFiles) -> None:
-    """Warn of the user pairs holding identical files, and of the copies dropped."""
+    """Warn of the user pairs holding identical files, and of the copies dropped (one line each)."""
     logger = get_run_logger()
-    for (a, b), n in shared.pairs.items():
-        logger.warning("users %03d and %03d hold %d identical files", a, b, n)
-    for user_id, paths in shared.dropped.items():
-        logger.warning("user %03d: %d files dropped as copies of a lower user's", user_id, len(paths))
+    if shared.pairs:
+        pairs = ", ".join(f"{a:03d}/{b:03d} {n}" for (a, b), n in shared.pairs.items())
+        logger.warning("%d user pairs hold identical files: %s", len(shared.pairs), pairs)
+    if shared.dropped:
+        dropped = ", ".join(f"{user:03d} {len(paths)}" for user, paths in shared.dropped.items())
+        logger.warning("files dropped as copies of a lower user id's: %s", dropped)
 
 
 @task(name="discover-raw-files")
@@ -436,7 +438,7 @@ def report_duplicates(
     if duplicates["pairs"]:
         get_run_logger().warning(
             "users sharing recordings: %s; %d of %d test samples are copies",
-            describe_pairs(duplicates),
+            describe_pairs(duplicates, 5),
             duplicates["copied_test_samples"],
             duplicates["test_samples"],
         )

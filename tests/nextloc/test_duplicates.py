@@ -24,14 +24,15 @@ from nextloc.metrics import DEDUP_KEYS
 T0 = pd.Timestamp("2008-10-23 02:53", tz="UTC")
 
 
-def _staypoints(rows: list[tuple[int, int, int, int]]) -> pd.DataFrame:
-    """``(id, user_id, start hour, place)`` rows; each stay lasts an hour."""
-    ids, users, hours, places = zip(*rows, strict=True)
+def _staypoints(rows: list[tuple[int, int, int, int, str]]) -> pd.DataFrame:
+    """``(id, user_id, start hour, place, split)`` rows; each stay lasts an hour."""
+    ids, users, hours, places, splits = zip(*rows, strict=True)
     start = T0 + pd.to_timedelta(list(hours), unit="h")
     return pd.DataFrame(
         {
             "id": ids,
             "user_id": users,
+            "split": splits,
             "started_at": start,
             "finished_at": start + pd.Timedelta(hours=1),
             "raw_location_id": places,
@@ -69,14 +70,14 @@ class TestSharedFiles:
 class TestStaypoints:
     SP = _staypoints(
         [
-            (0, 0, 0, 7),
-            (1, 0, 5, 8),
-            (2, 0, 9, 9),
-            (3, 3, 0, 7),  # copy of 0
-            (4, 3, 5, 8),  # copy of 1
-            (5, 3, 9, 10),  # same times as 2, another place: not a copy
-            (6, 5, 0, 7),  # copy of 0 (and of 3)
-            (7, 5, 30, 7),
+            (0, 0, 0, 7, "test"),
+            (1, 0, 5, 8, "test"),
+            (2, 0, 9, 9, "test"),
+            (3, 3, 0, 7, "train"),  # copy of 0, in training: 0 is seen in training
+            (4, 3, 5, 8, "test"),  # copy of 1, both test: 1 is the first copy, 4 a second one
+            (5, 3, 9, 10, "test"),  # same times as 2, another place: not a copy
+            (6, 5, 0, 7, "test"),  # copy of 0 (and of 3)
+            (7, 5, 30, 7, "test"),
         ]
     )
 
@@ -86,24 +87,28 @@ class TestStaypoints:
     def test_pairs(self) -> None:
         assert staypoint_pairs(self.SP) == {(0, 3): 2, (0, 5): 1, (3, 5): 1}
 
-    def test_copied_targets_by_id(self) -> None:
-        assert copied_targets(self.SP, np.array([7, 4, 0, 6, 3])).tolist() == [False, True, False, True, True]
+    def test_copied_targets_are_second_copies_or_seen_in_training(self) -> None:
+        ids = np.array([7, 4, 0, 6, 1, 2, 5])
+        assert copied_targets(self.SP, ids).tolist() == [False, True, True, True, False, False, False]
 
     def test_report(self) -> None:
         files = SharedFiles({(0, 3): 4, (1, 2): 1}, {3: ("a", "b", "c", "d")})
-        report = duplicate_report(files, self.SP, np.array([4, 6, 7, 2]), drop_shared_files=True)
+        report = duplicate_report(files, self.SP, np.array([4, 6, 7, 2, 0]), drop_shared_files=True)
         assert report["pairs"] == [
-            {"users": [0, 3], "shared_files": 4, "shared_staypoints": 2, "copied_test_samples": 1},
+            {"users": [0, 3], "shared_files": 4, "shared_staypoints": 2, "copied_test_samples": 2},
             {"users": [0, 5], "shared_files": 0, "shared_staypoints": 1, "copied_test_samples": 1},
             {"users": [1, 2], "shared_files": 1, "shared_staypoints": 0, "copied_test_samples": 0},
-            {"users": [3, 5], "shared_files": 0, "shared_staypoints": 1, "copied_test_samples": 0},
+            {"users": [3, 5], "shared_files": 0, "shared_staypoints": 1, "copied_test_samples": 1},
         ]
         assert report["copied_staypoints"] == 3
-        assert report["copied_test_samples"] == 2 == copied_targets(self.SP, np.array([4, 6, 7, 2])).sum()
-        assert report["test_samples"] == 4
+        assert report["copied_test_samples"] == 3 == copied_targets(self.SP, np.array([4, 6, 7, 2, 0])).sum()
+        assert report["test_samples"] == 5
         assert report["files_dropped"] == {"3": 4}
         assert report["n_files_dropped"] == 4
-        assert describe_pairs(report).startswith("000/003 (4 files, 2 staypoints, 1 test targets); ")
+        assert describe_pairs(report).startswith("000/003 (4 files, 2 staypoints, 2 test targets); 000/005 ")
+        assert describe_pairs(report, limit=1) == (
+            "000/003 (4 files, 2 staypoints, 2 test targets); 3 more pairs (1 files, 2 staypoints, 2 test targets)"
+        )
 
     def test_report_without_per_user_files(self) -> None:
         report = duplicate_report(None, self.SP, np.array([], dtype=np.int64), drop_shared_files=False)

@@ -38,8 +38,8 @@ def test_render_summary_names_the_users_sharing_recordings() -> None:
     sample["runs"][0]["results"].update({"place_acc@1_dedup": 9.5, "n_test_dedup": 3142})
     markdown = render_summary(sample["preprocessed"], {**sample, "promotion": {}}, "7", None)
     assert (
-        "- users sharing recordings: 000/003 (129 files, 400 staypoints, 90 test targets); 153/163 (230 files, "
-        "800 staypoints, 270 test targets); 360 of 3502 test samples are copies (see `ingest_report.json`)\n"
+        "- users sharing recordings: 153/163 (230 files, 800 staypoints, 270 test targets); 000/003 (129 files, "
+        "400 staypoints, 90 test targets); 360 of 3502 test samples are copies (see `ingest_report.json`)\n"
     ) in markdown
     assert "| model | seed | test place acc@1 | without copies (n) | test acc@1 | MLflow run |\n" in markdown
     assert "| markov | 0 | 10.00 | 9.50 (3142) | 19.00 | `aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa` |\n" in markdown
