@@ -31,6 +31,7 @@ from pydantic import Field
 from flows.preprocess import preprocess
 from flows.train import DEFAULT_MODELS, train
 from nextloc.config import (
+    DuplicateConfig,
     LocationConfig,
     PreprocessConfig,
     QualityConfig,
@@ -75,6 +76,7 @@ def preprocess_train(
     locations: LocationConfig = LocationConfig(),
     split: SplitConfig = SplitConfig(),
     samples: SampleConfig = SampleConfig(),
+    duplicates: DuplicateConfig = DuplicateConfig(),
     models: list[ModelKind] = DEFAULT_MODELS,
     seeds: Annotated[list[Seed], Field(min_length=1)] = [0],  # noqa: B006 (a JSON default for the UI)
     model_overrides: ModelOverrides | None = None,
@@ -109,6 +111,7 @@ def preprocess_train(
         locations=locations,
         split=split,
         samples=samples,
+        duplicates=duplicates,
     )
     with data_dir_lock(data_dir):  # one writer per data directory (re-entrant for the subflows)
         found = _raw_input(input_format, raw_dir)
