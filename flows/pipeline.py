@@ -104,15 +104,8 @@ def preprocess_train(
     kind's model config and training recipe (``{"mhsa": {"max_epochs": 2}}``, :mod:`nextloc.overrides`).
     """
     per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)  # before any work
-    config = PreprocessConfig(
-        timezone=timezone,
-        staypoints=staypoints,
-        quality=quality,
-        locations=locations,
-        split=split,
-        samples=samples,
-        duplicates=duplicates,
-    )
+    sections = {"staypoints": staypoints, "quality": quality, "locations": locations, "split": split}
+    config = PreprocessConfig(timezone=timezone, samples=samples, duplicates=duplicates, **sections)
     with data_dir_lock(data_dir):  # one writer per data directory (re-entrant for the subflows)
         found = _raw_input(input_format, raw_dir)
         runner = make_task_runner(task_runner, dask_workers, dask_address)
