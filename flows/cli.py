@@ -421,6 +421,14 @@ def _print_summary(result: dict[str, Any]) -> None:
         f"total_loc_num {stats['total_loc_num']:,} | total_user_num {stats['total_user_num']} | "
         f"rows skipped {result['ingest']['rows_skipped']} | files skipped {result['ingest']['files_skipped']}"
     )
+    duplicates = result["ingest"].get("duplicates")
+    if duplicates and duplicates["pairs"]:
+        from nextloc.duplicates import describe_pairs
+
+        console.print(
+            f"users sharing recordings: {describe_pairs(duplicates, 5)} | {duplicates['copied_test_samples']} of "
+            f"{duplicates['test_samples']} test samples are copies | {duplicates['n_files_dropped']} files dropped"
+        )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pydantic import Field
 from flows.preprocess import preprocess
 from flows.train import DEFAULT_MODELS, train
 from nextloc.config import (
+    DuplicateConfig,
     LocationConfig,
     PreprocessConfig,
     QualityConfig,
@@ -75,6 +76,7 @@ def preprocess_train(
     locations: LocationConfig = LocationConfig(),
     split: SplitConfig = SplitConfig(),
     samples: SampleConfig = SampleConfig(),
+    duplicates: DuplicateConfig = DuplicateConfig(),
     models: list[ModelKind] = DEFAULT_MODELS,
     seeds: Annotated[list[Seed], Field(min_length=1)] = [0],  # noqa: B006 (a JSON default for the UI)
     model_overrides: ModelOverrides | None = None,
@@ -102,14 +104,8 @@ def preprocess_train(
     kind's model config and training recipe (``{"mhsa": {"max_epochs": 2}}``, :mod:`nextloc.overrides`).
     """
     per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)  # before any work
-    config = PreprocessConfig(
-        timezone=timezone,
-        staypoints=staypoints,
-        quality=quality,
-        locations=locations,
-        split=split,
-        samples=samples,
-    )
+    sections = {"staypoints": staypoints, "quality": quality, "locations": locations, "split": split}
+    config = PreprocessConfig(timezone=timezone, samples=samples, duplicates=duplicates, **sections)
     with data_dir_lock(data_dir):  # one writer per data directory (re-entrant for the subflows)
         found = _raw_input(input_format, raw_dir)
         runner = make_task_runner(task_runner, dask_workers, dask_address)

@@ -32,6 +32,7 @@ from tasks.preprocess import (
     ingest_user,
     ingest_visits,
     locate_staypoints_task,
+    report_duplicates,
     write_ingest_report,
 )
 from tasks.progress import track
@@ -95,6 +96,7 @@ def preprocess(
             upstream,
             catalog,
         )
+        ingest_summary = report_duplicates(ingest_summary, read.discovery, dataset, config, catalog)
         get_run_logger().info(
             "preprocess done: %d users, total_loc_num %d, samples %s -> %s",
             dataset.stats["n_users"]["train"],
@@ -127,7 +129,7 @@ class _Read:
 def _read_users(raw_dir: str, spec: InputSpec, config: PreprocessConfig, catalog: Catalog) -> _Read:
     """Raw user folders and their content fingerprints; then per user (in parallel batches), each user's
     positionfixes straight on to its staypoints."""
-    users, discovery = discover_raw_users(raw_dir, catalog, spec.format)
+    users, discovery = discover_raw_users(raw_dir, catalog, spec.format, config.duplicates.drop_shared_files)
     reader = ingest_user if spec.format == "geolife" else ingest_gpx_user
     ingest = _Step(
         reader.with_options(result_storage=catalog.cache),

@@ -7,6 +7,8 @@ quirks included; each quirk has a switch so the corrected protocol can be run to
   time although GeoLife was recorded in Beijing (``"Asia/Shanghai"`` is the corrected choice).
 * ``locations.coordinate_order``: trackintel feeds ``[lon, lat]`` to sklearn's haversine metric, which
   expects ``[lat, lon]``; ``"lat_lon"`` gives a true ``epsilon_m`` radius.
+* ``duplicates.drop_shared_files``: GeoLife holds some trajectory files under two users; the reference
+  reads both copies, ``true`` reads one (:mod:`nextloc.duplicates`).
 
 Every model is ``frozen`` and ``extra="forbid"``: an unknown key or a wrong type is rejected before any
 work starts, and the error names the key. Numbers must be finite, and a boolean is not a number (so
@@ -117,6 +119,16 @@ class SampleConfig(_Frozen):
     duration_cap_min: int = Field(2879, ge=1, description="Durations above this are capped (2*1440-1).")
 
 
+class DuplicateConfig(_Frozen):
+    """Recordings held under several users (:mod:`nextloc.duplicates`); they are always reported."""
+
+    drop_shared_files: bool = Field(
+        False,
+        description="Read a file found, byte-identical, under several users once (the lowest user id's); "
+        "the reference reads every copy.",
+    )
+
+
 class PreprocessConfig(_Frozen):
     """All preprocessing parameters; the defaults are the reference GeoLife protocol."""
 
@@ -126,6 +138,7 @@ class PreprocessConfig(_Frozen):
     locations: LocationConfig = LocationConfig()
     split: SplitConfig = SplitConfig()
     samples: SampleConfig = SampleConfig()
+    duplicates: DuplicateConfig = DuplicateConfig()
 
     _known_timezone = field_validator("timezone")(classmethod(lambda cls, value: known_timezone(value)))
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
-from nextloc.metrics import RESULT_KEYS, MetricAccumulator
+from nextloc.metrics import DEDUP_KEYS, RESULT_KEYS, MetricAccumulator
 from nextloc.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
 from nextloc.sequences import UNSEEN
 
@@ -53,12 +53,24 @@ class Evaluation:
     test_p_new: np.ndarray  # (N_test,) P(new place), split order
     per_user: pd.DataFrame
     target_in_history: float  # % of test targets that occur in their history
+    # (N_test,) whether each test target is a copy of another user's staypoint (nextloc.duplicates), split
+    # order; None when not known (no final staypoints next to the samples)
+    test_copied: np.ndarray | None = None
 
     def per_sample(self) -> pd.DataFrame:
-        """Test outcomes per sample (hits and gains of both families, P(new place)), in split order."""
+        """Test outcomes per sample (hits and gains of both families, P(new place), and ``target_is_copy``
+        when :attr:`test_copied` is known), in split order."""
         frame = self.test_scores.accumulator.per_sample()
         frame["p_new"] = self.test_p_new[np.argsort(self.test_scores.accumulator.index(), kind="stable")]
+        if self.test_copied is not None:
+            frame["target_is_copy"] = np.asarray(self.test_copied, dtype=bool)
         return frame
+
+    def dedup(self) -> dict[str, float]:
+        """:func:`without_copies` of the test samples (empty when :attr:`test_copied` is not known)."""
+        if self.test_copied is None:
+            return {}
+        return without_copies(self.per_sample(), self.test_copied)
 
 
 def model_scores(model: nn.Module) -> ScoreFn:
@@ -140,6 +152,30 @@ def evaluate(
     )
 
 
+def without_copies(per_sample: pd.DataFrame, copied: np.ndarray) -> dict[str, float]:
+    """The place rank metrics over the samples whose target is not a copy (:data:`DEDUP_KEYS`), and their
+    count ``n_test_dedup``.
+
+    Each metric is the mean of its :meth:`MetricAccumulator.per_sample` column (what the split's metric
+    is) over the samples kept; ``place_f1`` is left out: it is not a mean over samples.
+
+    Args:
+        per_sample: :meth:`Evaluation.per_sample` (split order).
+        copied: ``(N,)`` whether each sample's target is a copy (:func:`nextloc.duplicates.copied_targets`),
+            split order.
+    """
+    copied = np.asarray(copied, dtype=bool)
+    if copied.shape != (len(per_sample),):
+        raise ValueError(f"{copied.shape} copy flags for {len(per_sample)} samples")
+    kept = per_sample.loc[~copied]
+    out = {
+        key: float(kept[key.removesuffix("_dedup")].mean()) if len(kept) else float("nan")
+        for key in DEDUP_KEYS
+    }
+    out["n_test_dedup"] = len(kept)
+    return out
+
+
 def summarise(values: Sequence[float]) -> dict[str, float]:
     """Mean, sample standard deviation (0 for one value) and count of a metric over seeds (NaNs ignored)."""
     array = np.asarray(values, dtype=float)
@@ -155,12 +191,14 @@ def leaderboard(rows: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, di
     """Mean +- std over seeds of every result key, per model kind (kinds in first-seen order).
 
     Args:
-        rows: ``(kind, results)`` per trained run; ``results`` holds :data:`nextloc.metrics.RESULT_KEYS`.
+        rows: ``(kind, results)`` per trained run; ``results`` holds :data:`nextloc.metrics.RESULT_KEYS`, and
+            the metrics without copied test samples (:data:`DEDUP_KEYS`), which the board then holds too.
     """
+    keys = (*RESULT_KEYS, *(k for k in DEDUP_KEYS if any(k in results for _, results in rows)))
     board: dict[str, dict[str, dict[str, float]]] = {}
     for kind in dict.fromkeys(kind for kind, _ in rows):
         runs = [results for k, results in rows if k == kind]
-        board[kind] = {key: summarise([r.get(key, float("nan")) for r in runs]) for key in RESULT_KEYS}
+        board[kind] = {key: summarise([r.get(key, float("nan")) for r in runs]) for key in keys}
     return board
 
 

@@ -59,6 +59,10 @@ NEW_PLACE_KEYS = ("new_place_rate", "new_place_auc", "new_place_brier")
 RESULT_KEYS = (*PLACE_KEYS, *NEW_PLACE_KEYS, *REFERENCE_KEYS)
 HEADLINE = "place_acc@1"
 METRIC_KEYS = (*RESULT_KEYS, "n")
+# The place rank metrics again over the test samples whose target is not a copy of another user's staypoint
+# (nextloc.duplicates), with their count ``n_test_dedup``: results.json, the run's MLflow metrics, the summary.
+DEDUP_KEYS = tuple(f"{key}_dedup" for key in PLACE_KEYS if key != "place_f1")
+DEDUP_HEADLINE = f"{HEADLINE}_dedup"
 
 
 def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

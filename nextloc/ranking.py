@@ -185,7 +185,7 @@ class RoutineRanker:
         fit_set = lightgbm.Dataset(
             train.features[rows],
             labels[rows],
-            group=np.bincount(train.query[rows])[has_target],
+            group=np.bincount(train.query[rows], minlength=train.n)[has_target],
             feature_name=names,
         )
         sizes = np.bincount(val.query, minlength=val.n)

@@ -12,7 +12,8 @@ import pandas as pd
 import torch
 
 from nextloc.data import SampleTensors
-from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise
+from nextloc.duplicates import copied_samples
+from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise, without_copies
 from nextloc.histories import encode_visits, history_visits, to_histories
 from nextloc.history_reader import read_history
 from nextloc.maps import draw_answer, draw_predictions, map_questions
@@ -86,7 +87,11 @@ def evaluate_registered(
     scores, explore = registered_scores(bundle, Path(data_dir), split)
     scored = score_split(scores, data, explore=explore)
     p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
-    return {"model": model_uri(kind, alias), "split": split, **scored.accumulator.compute(p_new)}
+    metrics = scored.accumulator.compute(p_new)
+    copied = copied_samples(Catalog(str(data_dir)).staypoints, data.table) if split == "test" else None
+    if copied is not None:
+        metrics.update(without_copies(scored.accumulator.per_sample(), copied))
+    return {"model": model_uri(kind, alias), "split": split, **metrics}
 
 
 def predict_registered(

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from nextloc.duplicates import describe_pairs
 from nextloc.leaderboard import (
     build_leaderboard,
     champions,
     summary_champions_markdown,
     summary_tables_markdown,
 )
+from nextloc.metrics import DEDUP_HEADLINE
 from nextloc.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
 from tasks import tracking
 from tasks.catalog import Catalog
@@ -45,7 +48,8 @@ def publish_summary(
     """Record the run: the ingest report on the MLflow parent run, and a markdown summary as a Prefect artifact.
 
     The parent run gets the ingest report (``ingest_report.json``: every skipped row and file, with its
-    file and line) as an artifact, and the skip counts as tags, so data problems travel with the metrics.
+    file and line, and the users sharing recordings) as an artifact, and the skip counts and the user pairs
+    sharing recordings as tags, so data problems travel with the metrics.
 
     Returns:
         The markdown text (also stored as the flow run's artifact ``preprocess-train-summary``).
@@ -59,6 +63,7 @@ def publish_summary(
     tags = {
         "ingest.rows_skipped": str(ingest["rows_skipped"]),
         "ingest.files_skipped": str(ingest["files_skipped"]),
+        **_duplicate_tags(ingest.get("duplicates")),
         "data_dir": preprocessed["data_dir"],
     }
     tracking.set_run_tags(parent_id, tags)
@@ -87,6 +92,7 @@ def render_summary(
         f"{stats['n_samples']['test']}",
         f"- ingest: {preprocessed['ingest']['rows_skipped']} rows and "
         f"{preprocessed['ingest']['files_skipped']} files skipped (see `ingest_report.json`)",
+        *_duplicate_lines(preprocessed["ingest"].get("duplicates")),
         f"- MLflow parent run {link(trained['parent_run_id'])}",
     ]
     if ui_url:
@@ -99,15 +105,49 @@ def render_summary(
         trained["leaderboard"], champions(trained.get("promotion") or {}, tracking.registered_name)
     )
     lines += summary_tables_markdown(ranked)
-    lines += ["| model | seed | test place acc@1 | test acc@1 | MLflow run |", "|---|---|---|---|---|"]
-    for run in trained["runs"]:
-        results = run["results"]
-        lines.append(
-            f"| {run['kind']} | {run['seed']} | {results['place_acc@1']:.2f} | {results['acc@1']:.2f} "
-            f"| {link(run['run_id'])} |"
-        )
+    lines += _runs_table(trained["runs"], link)
     lines += summary_champions_markdown(ranked)
     return "\n".join(lines) + "\n"
+
+
+def _duplicate_lines(duplicates: dict[str, Any] | None) -> list[str]:
+    """The summary's line on users sharing recordings (none when no pair does)."""
+    if not duplicates or not duplicates["pairs"]:
+        return []
+    dropped = duplicates["n_files_dropped"]
+    return [
+        f"- users sharing recordings: {describe_pairs(duplicates, 5)}; {duplicates['copied_test_samples']} of "
+        f"{duplicates['test_samples']} test samples are copies"
+        + (f"; {dropped} copied files dropped" if dropped else "")
+        + " (see `ingest_report.json`)"
+    ]
+
+
+def _duplicate_tags(duplicates: dict[str, Any] | None) -> dict[str, str]:
+    """Parent-run tags: the user pairs sharing recordings, the test samples that are copies, files dropped."""
+    if duplicates is None:
+        return {}
+    return {
+        "duplicates.pairs": (describe_pairs(duplicates, 10) or "none")[:1000],
+        "duplicates.copied_test_samples": str(duplicates["copied_test_samples"]),
+        "duplicates.files_dropped": str(duplicates["n_files_dropped"]),
+    }
+
+
+def _runs_table(runs: list[dict[str, Any]], link: Callable[[str], str]) -> list[str]:
+    """One row per run: test place acc@1, and (when some run knows it) the same without the test samples
+    whose target is a copy of another user's, with their count; test acc@1; the MLflow run."""
+    dedup = any(run["results"].get(DEDUP_HEADLINE) is not None for run in runs)
+    header = ["model", "seed", "test place acc@1", *(["without copies (n)"] if dedup else []), "test acc@1"]
+    lines = ["| " + " | ".join([*header, "MLflow run"]) + " |", "|---" * (len(header) + 1) + "|"]
+    for run in runs:
+        results = run["results"]
+        cells = [run["kind"], str(run["seed"]), f"{results['place_acc@1']:.2f}"]
+        if dedup:
+            known = results.get(DEDUP_HEADLINE) is not None
+            cells.append(f"{results[DEDUP_HEADLINE]:.2f} ({results['n_test_dedup']})" if known else "-")
+        lines.append("| " + " | ".join([*cells, f"{results['acc@1']:.2f}", link(run["run_id"])]) + " |")
+    return lines
 
 
 def _ui_url(tracking_uri: str | None, explicit: str | None) -> str | None:

@@ -20,6 +20,8 @@ from prefect import get_run_logger, task
 
 from nextloc.config import PreprocessConfig, StaypointConfig
 from nextloc.dataset import build_dataset, locate_staypoints
+from nextloc.duplicates import STAYPOINT_COLUMNS as DUPLICATE_COLUMNS
+from nextloc.duplicates import SharedFiles, describe_pairs, duplicate_report, shared_files
 from nextloc.fingerprint import combine, hash_file_groups_memo, hash_files_memo
 from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
 from nextloc.inputs import (
@@ -45,12 +47,13 @@ from tasks.runners import tile_map
 
 @dataclass(frozen=True)
 class RawUser:
-    """One user folder of the raw data and the fingerprint of its files."""
+    """One user folder of the raw data and the fingerprint of the files read (``n_files`` of them)."""
 
     user_id: int
     path: str
     fingerprint: str
     n_files: int
+    dropped: tuple[str, ...] = ()  # files (relative to ``path``) left out as copies of another user's
 
 
 @dataclass(frozen=True)
@@ -117,10 +120,15 @@ def _read_positionfixes(artifact: Artifact) -> pd.DataFrame:
 
 @task(name="discover-raw-users")
 def discover_raw_users(
-    raw_dir: str, catalog: Catalog, input_format: str = "geolife"
+    raw_dir: str, catalog: Catalog, input_format: str = "geolife", drop_shared_files: bool = False
 ) -> tuple[list[RawUser], dict]:
     """List user folders (GeoLife ``Data/NNN`` or GPX ``NNN/``) and fingerprint their files (hashes are
-    memoised by size and mtime)."""
+    memoised by size and mtime).
+
+    The same file hashes find the files several users hold (:func:`nextloc.duplicates.shared_files`): the
+    report gains ``shared_files``, and with ``drop_shared_files`` each copy is left out of its user
+    (``RawUser.dropped``; the user's fingerprint is then that of the files it keeps).
+    """
     logger = get_run_logger()
     gpx = input_format == "gpx"
     users, report = list_gpx_users(Path(raw_dir)) if gpx else list_user_dirs(Path(raw_dir))
@@ -130,10 +138,18 @@ def discover_raw_users(
     fingerprints = hash_file_groups_memo(
         [(f, folder) for f, (_, folder) in zip(files, users, strict=True)], memo
     )
-    found = [
-        RawUser(user_id, str(folder), fingerprint, len(f))
-        for (user_id, folder), f, fingerprint in zip(users, files, fingerprints, strict=True)
-    ]
+    hashes = {
+        user_id: {_relative(f, folder): memo[str(f)][2] for f in user_files}
+        for (user_id, folder), user_files in zip(users, files, strict=True)
+    }
+    shared = shared_files(hashes, drop=drop_shared_files)
+    found = []
+    for (user_id, folder), user_files, fingerprint in zip(users, files, fingerprints, strict=True):
+        dropped = shared.dropped.get(user_id, ())
+        if dropped:  # the files read, fingerprinted (from the memo)
+            user_files = [f for f in user_files if _relative(f, folder) not in dropped]
+            fingerprint = hash_files_memo(user_files, memo, root=folder)
+        found.append(RawUser(user_id, str(folder), fingerprint, len(user_files), dropped))
     write_json(memo, memo_path)
     logger.info(
         "found %d user folders (%d %s files) under %s",
@@ -142,7 +158,19 @@ def discover_raw_users(
         ".gpx" if gpx else ".plt",
         raw_dir,
     )
-    return found, report.to_dict()
+    _log_shared_files(shared)
+    return found, {**report.to_dict(), "shared_files": shared.to_dict()}
+
+
+def _log_shared_files(shared: SharedFiles) -> None:
+    """Warn of the user pairs holding identical files, and of the copies dropped (one line each)."""
+    logger = get_run_logger()
+    if shared.pairs:
+        pairs = ", ".join(f"{a:03d}/{b:03d} {n}" for (a, b), n in shared.pairs.items())
+        logger.warning("%d user pairs hold identical files: %s", len(shared.pairs), pairs)
+    if shared.dropped:
+        dropped = ", ".join(f"{user:03d} {len(paths)}" for user, paths in shared.dropped.items())
+        logger.warning("files dropped as copies of a lower user id's: %s", dropped)
 
 
 @task(name="discover-raw-files")
@@ -167,7 +195,7 @@ def discover_raw_files(raw_dir: str, input_format: str, catalog: Catalog) -> Raw
 )
 def ingest_gpx_user(user: RawUser, spec: InputSpec, out_path: str) -> IngestResult:
     """Read one user's GPX track points into a positionfixes parquet file (one partition of the dataset)."""
-    table, report = read_gpx_user(user.user_id, list_gpx_files(Path(user.path)), spec)
+    table, report = read_gpx_user(user.user_id, _files_read(user, list_gpx_files(Path(user.path))), spec)
     if table.num_rows == 0:
         return IngestResult(user.user_id, None, 0, report.to_dict())
     return IngestResult(user.user_id, _write_positionfixes(table, out_path), table.num_rows, report.to_dict())
@@ -235,6 +263,19 @@ def ingest_visits(raw: RawFiles, spec: InputSpec, catalog: Catalog) -> tuple[lis
     return results, report.to_dict()
 
 
+def _files_read(user: RawUser, files: list[Path]) -> list[Path]:
+    """``files`` of a user folder but the ones discovery dropped as copies."""
+    if not user.dropped:
+        return files
+    dropped = set(user.dropped)
+    return [f for f in files if _relative(f, user.path) not in dropped]
+
+
+def _relative(path: Path, folder: str | Path) -> str:
+    """``path`` relative to ``folder``, which holds it (as ``relative_to`` gives it, without its cost)."""
+    return str(path)[len(str(folder)) + 1 :]
+
+
 @task(
     name="ingest-user",
     task_run_name="ingest user {user.user_id:03d}",
@@ -245,7 +286,7 @@ def ingest_visits(raw: RawFiles, spec: InputSpec, catalog: Catalog) -> tuple[lis
 def ingest_user(user: RawUser, out_path: str) -> IngestResult:
     """Read one user's .plt files into a positionfixes parquet file (one partition of the dataset)."""
     logger = get_run_logger()
-    table, report = read_user(user.user_id, list_plt_files(Path(user.path)))
+    table, report = read_user(user.user_id, _files_read(user, list_plt_files(Path(user.path))))
     if report.rows_skipped or report.files_skipped:
         logger.warning(
             "user %03d: skipped %d rows, %d files: %s",
@@ -376,5 +417,31 @@ def write_ingest_report(discovery: dict, ingested: list[IngestResult], catalog: 
     for result in ingested:
         total.merge(IngestReport.from_dict(result.report))
     summary = total.to_dict()
+    write_json(summary, catalog.ingest_report)
+    return summary
+
+
+@task(name="report-duplicates")
+def report_duplicates(
+    summary: dict, discovery: dict, dataset: DatasetResult, config: PreprocessConfig, catalog: Catalog
+) -> dict:
+    """Add the ``duplicates`` section (:func:`nextloc.duplicates.duplicate_report`) to the ingest report and
+    write ``ingest_report.json`` again; returns the summary with it.
+
+    The report is written first by :func:`write_ingest_report` (so a dataset stage that fails still leaves
+    it), then here, once the final staypoints show which staypoints and test targets are copies.
+    """
+    staypoints = read_parquet(Path(dataset.staypoints.path), columns=list(DUPLICATE_COLUMNS))
+    test_ids = pq.read_table(dataset.samples["test"].path, columns=["staypoint_id"]).column(0).to_numpy()
+    files = SharedFiles.from_dict(discovery["shared_files"]) if "shared_files" in discovery else None
+    duplicates = duplicate_report(files, staypoints, test_ids, config.duplicates.drop_shared_files)
+    if duplicates["pairs"]:
+        get_run_logger().warning(
+            "users sharing recordings: %s; %d of %d test samples are copies",
+            describe_pairs(duplicates, 5),
+            duplicates["copied_test_samples"],
+            duplicates["test_samples"],
+        )
+    summary = {**summary, "duplicates": duplicates}
     write_json(summary, catalog.ingest_report)
     return summary

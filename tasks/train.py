@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 from nextloc.baselines import BaselineModule
 from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
+from nextloc.duplicates import copied_samples
 from nextloc.evaluate import Evaluation, evaluate, model_scores
 from nextloc.metrics import RESULT_KEYS
 from nextloc.models import build_model, count_parameters, model_settings, registry
@@ -113,6 +114,7 @@ def train_model_task(
         )
         # the model chosen on validation gives the validation metrics; the tested one may be a refit on train + val
         evaluation = evaluate(val=splits["val"], test=splits["test"], **_scoring(result))
+        evaluation.test_copied = copied_samples(catalog.staypoints, splits["test"].table)
         tracking.log_run_metrics(_flat_metrics(result, evaluation))
         results_json = _results_json(result, evaluation, time.perf_counter() - started, run_id)
         _record(run_id, run_dir, result, evaluation, kind, seed, meta, catalog, data, results_json)
@@ -138,6 +140,7 @@ def _results_json(
     return {
         **{k: evaluation.test[k] for k in RESULT_KEYS},
         "n_test": evaluation.test["n"],
+        **evaluation.dedup(),
         "n_params": result["n_params"],
         SELECTED_EPOCH: result["selected_epoch"],
         "refit_on_train_val": result["selection_model"] is not None,
@@ -333,6 +336,7 @@ def _flat_metrics(result: dict[str, Any], evaluation: Evaluation) -> dict[str, f
     chosen on validation (at ``selected_epoch``, the epoch the recipe's monitor chose: not necessarily the
     epoch where each metric peaked); ``best_val_loss``, the lowest validation loss of any epoch; timing."""
     flat = {f"test_{k}": v for k, v in evaluation.test.items() if k != "n"}
+    flat.update({(k if k.startswith("n_") else f"test_{k}"): float(v) for k, v in evaluation.dedup().items()})
     flat.update({selected_name(k): v for k, v in evaluation.val.items() if k != "n"})
     flat["test_target_in_history"] = evaluation.target_in_history
     if result["selected_epoch"] is not None:

@@ -125,10 +125,14 @@ class TestPreprocessFlow:
         data_dir, result = first_run
         before = _mtimes(data_dir)
         state = _run(sample_dir, data_dir)
-        states = _task_states(task_states, state, expected=2)
+        states = _task_states(task_states, state, expected=3)
         assert state.result()["users_run"] == {"ingest": 0, "staypoints": 0}  # all 22 read from the cache
-        # every cached step was read back from Prefect's cache, none ran: only the two cheap IO tasks did
-        assert {n.rsplit("-", 1)[0] for n in states} == {"discover-raw-users", "write-ingest-report"}
+        # every cached step was read back from Prefect's cache, none ran: only the three cheap IO tasks did
+        assert {n.rsplit("-", 1)[0] for n in states} == {
+            "discover-raw-users",
+            "write-ingest-report",
+            "report-duplicates",
+        }
         assert set(states.values()) == {"Completed"}
         assert _mtimes(data_dir) == before
         assert state.result()["stats"] == result["stats"]

@@ -48,6 +48,7 @@ REFERENCE = {
     "samples.previous_days": 7,
     "samples.min_history": 3,
     "samples.duration_cap_min": 2879,
+    "duplicates.drop_shared_files": False,  # every copy of a file held by several users is read
 }
 
 
