@@ -117,6 +117,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "predict": _cmd_predict,
         "download": _cmd_download,
         "synth": _cmd_synth,
+        "export": _cmd_export,
         "services": _cmd_services,
         "serve": _cmd_serve,
     }
@@ -343,6 +344,22 @@ def _cmd_synth(args: argparse.Namespace) -> int:
         timezone=args.local_timezone,
     )
     sys.stdout.write(json.dumps({"out": args.out, "format": args.format, **counts}) + "\n")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from nextloc.trackintel_io import export_trackintel
+    from tasks.catalog import Catalog
+
+    catalog = Catalog(args.data_dir)
+    counts = export_trackintel(
+        catalog.user_files("positionfixes"),
+        catalog.user_files("staypoints"),
+        catalog.located,
+        Path(args.out),
+        args.format,
+    )
+    sys.stdout.write(json.dumps({"out": args.out, "to": args.to, "format": args.format, **counts}) + "\n")
     return 0
 
 

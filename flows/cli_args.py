@@ -18,6 +18,8 @@ from typing import Any
 from nextloc.config import PreprocessConfig, flatten, load_config
 from nextloc.inputs import INPUT_FORMATS
 from nextloc.rawdata import DEFAULT_RAW_DIR
+from nextloc.synth import SYNTH_FORMATS
+from nextloc.trackintel_io import TRACKINTEL_FORMATS
 
 DEFAULT_DATA_DIR = "data/geolife"
 
@@ -123,7 +125,7 @@ def _synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", required=True, help="a file (csv, parquet, visits) or a folder (gpx, geolife)"
     )
-    parser.add_argument("--format", choices=list(INPUT_FORMATS), default="csv")
+    parser.add_argument("--format", choices=list(SYNTH_FORMATS), default="csv")
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--days", type=int, default=90)
     parser.add_argument("--seed", type=int, default=0)
@@ -135,6 +137,18 @@ def _synth_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="stays reach midnight, as in continuously tracked data (DIY); --no-night-at-home: GeoLife-like "
         "day records that start and end about an hour around the day's trips",
+    )
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--to", choices=["trackintel"], default="trackintel", help="the target (trackintel)")
+    parser.add_argument("out", help="output folder")
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="a preprocessed data dir")
+    parser.add_argument(
+        "--format",
+        choices=list(TRACKINTEL_FORMATS),
+        default="csv",
+        help="csv (trackintel's own writers and readers; the default) or geoparquet",
     )
 
 
@@ -208,6 +222,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "synth": Subcommand(
         _synth_arguments,
         help="write a seeded synthetic trajectory data set (home, work, other places; GeoLife-like fixes).",
+    ),
+    "export": Subcommand(
+        _export_arguments,
+        help="write a preprocessed dataset's positionfixes, staypoints and locations as trackintel models.",
+        description="Writes DIR/positionfixes, staypoints and locations (.csv by trackintel's writers, or "
+        ".parquet as GeoParquet), valid ti.Positionfixes / ti.Staypoints / ti.Locations; read them back "
+        "with ti.read_staypoints_csv(path, index_col='id'), or into nextloc with --input-format trackintel.",
     ),
     "services": Subcommand(
         _services_arguments,

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
-from nextloc.inputs import InputFormat, InputSpec
+from nextloc.inputs import VISIT_FORMATS, InputFormat, InputSpec
 from tasks.caching import Then, cached_batch, cached_result, call_cached, outputs_current
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
@@ -151,9 +151,9 @@ def _read_files(raw_dir: str, spec: InputSpec, config: PreprocessConfig, catalog
     """Files that are not per user, read at once and partitioned per user; visits skip the staypoints."""
     raw = discover_raw_files(raw_dir, spec.format, catalog)
     fingerprint = combine(spec.format, raw.fingerprint)
-    reader = ingest_visits if spec.format == "visits" else ingest_table
+    reader = ingest_visits if spec.format in VISIT_FORMATS else ingest_table
     per_user, discovery = _ensure(reader.with_options(result_storage=catalog.cache), raw, spec, catalog)
-    if spec.format == "visits":
+    if spec.format in VISIT_FORMATS:
         return _Read([], per_user, discovery, fingerprint)
     staypoints_of = _staypoints_of([r.user_id for r in per_user], config, catalog)
     (staypoints,), (staypoints_run,) = _run_mapped(staypoints_of, per_user, catalog.cache)

@@ -47,6 +47,8 @@ STAYPOINTS_OUTPUT_COLUMNS = [
     "weekday",
     "split",
     "is_target",
+    "latitude",
+    "longitude",
 ]
 
 
@@ -117,8 +119,10 @@ def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
     Returns:
         The final staypoints (kept users only, one row per merged staypoint), samples per split and stats.
     """
+    # a merged staypoint keeps its first staypoint's coordinates (trackintel's agg={"geom": "first"})
     merged = merge_staypoints(
-        located[["user_id", "started_at", "finished_at", "location_id"]], config.locations.merge_max_gap_min
+        located[["user_id", "started_at", "finished_at", "location_id", "latitude", "longitude"]],
+        config.locations.merge_max_gap_min,
     )
     merged["location_id"] = merged["location_id"].astype(np.int64)
     sp = assign_split(add_time_features(merged, config.timezone), config.split)

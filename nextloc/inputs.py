@@ -16,6 +16,9 @@ file, and every issue lands in an :class:`~nextloc.geolife.IngestReport`.
   folder per user, named by the user number. Issues name the track, segment and point.
 * **Visits** (:func:`nextloc.tabular.read_visit_files`): ``user_id``, ``started_at``, ``finished_at``, ``latitude``,
   ``longitude``; they enter the pipeline as staypoints (after staypoint generation).
+* **trackintel staypoints** (the same reader, ``format="trackintel"``): trackintel's CSV writer's output
+  (or GeoParquet): ``user_id``, ``started_at``, ``finished_at`` and the point ``geom`` (WKT or WKB); other
+  columns are ignored. A ``geom`` that is not a point is a ``bad_geometry`` row.
 
 Rows keep their read order: the staypoint step sorts by time (stable), as for GeoLife.
 """
@@ -43,6 +46,7 @@ from nextloc.visits import POSITIONFIX_COLUMNS, VISIT_COLUMNS
 # (tasks/preprocess.py).
 __all__ = [
     "INPUT_FORMATS",
+    "VISIT_FORMATS",
     "InputFormat",
     "InputSpec",
     "iter_positionfix_batches",
@@ -58,13 +62,16 @@ __all__ = [
     "split_by_user",
 ]
 
-InputFormat = Literal["geolife", "csv", "parquet", "gpx", "visits"]
-INPUT_FORMATS: tuple[str, ...] = ("geolife", "csv", "parquet", "gpx", "visits")
+InputFormat = Literal["geolife", "csv", "parquet", "gpx", "visits", "trackintel"]
+INPUT_FORMATS: tuple[str, ...] = ("geolife", "csv", "parquet", "gpx", "visits", "trackintel")
+# inputs that are already staypoints: they skip staypoint generation
+VISIT_FORMATS: tuple[str, ...] = ("visits", "trackintel")
 _SUFFIXES = {
     "csv": (".csv",),
     "parquet": (".parquet", ".pq"),
     "gpx": (".gpx",),
     "visits": (".csv", ".parquet", ".pq"),
+    "trackintel": (".csv", ".parquet", ".pq"),
 }
 
 
@@ -73,7 +80,7 @@ class InputSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    format: InputFormat = Field("geolife", description="geolife, csv, parquet, gpx or visits.")
+    format: InputFormat = Field("geolife", description="geolife, csv, parquet, gpx, visits or trackintel.")
     columns: dict[str, str] = Field(
         default_factory=dict, description="nextloc column -> column in the files, e.g. tracked_at=time."
     )

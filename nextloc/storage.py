@@ -22,12 +22,14 @@ import pyarrow.parquet as pq
 
 from nextloc.atomic import atomic_path, remove_stale_temp_files, write_text_atomic
 from nextloc.fingerprint import hash_file
+from nextloc.geoparquet import geometry_columns, with_point_geometry
 
 __all__ = [
     "PARQUET_OPTIONS",
     "atomic_path",
     "read_parquet",
     "remove_stale_temp_files",
+    "write_geoparquet",
     "write_json",
     "write_parquet",
     "write_text",
@@ -46,11 +48,24 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
 
 
-def write_parquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
-    """Write a table atomically; returns the content fingerprint of the written file."""
+def _as_table(data: pa.Table | pd.DataFrame) -> pa.Table:
     table = data if isinstance(data, pa.Table) else pa.Table.from_pandas(data, preserve_index=False)
     # pandas metadata carries no timestamps, but drop it so the bytes depend on the data alone
-    table = table.replace_schema_metadata(None)
+    return table.replace_schema_metadata(None)
+
+
+def write_parquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
+    """Write a table atomically; returns the content fingerprint of the written file."""
+    return _write_table(_as_table(data), path)
+
+
+def write_geoparquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
+    """Write a table with ``latitude`` / ``longitude`` columns as GeoParquet (a WKB point ``geometry``
+    column and the ``geo`` metadata: :mod:`nextloc.geoparquet`) atomically; returns the fingerprint."""
+    return _write_table(with_point_geometry(_as_table(data)), path)
+
+
+def _write_table(table: pa.Table, path: Path) -> str:
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, use_dictionary=_dictionary_columns(table.schema), **PARQUET_OPTIONS)
     return hash_file(path)
@@ -91,5 +106,13 @@ def write_with(writer: Callable[[Path], None], path: Path) -> str:
 
 
 def read_parquet(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
-    """Read a parquet file into pandas (tz-aware timestamps stay tz-aware)."""
+    """Read a parquet file into pandas (tz-aware timestamps stay tz-aware).
+
+    Without ``columns``, a GeoParquet file's geometry column is left out: the library works on the
+    ``latitude`` / ``longitude`` columns, and WKB as Python bytes costs time for nothing.
+    """
+    if columns is None:
+        schema = pq.read_schema(path)
+        skip = set(geometry_columns(schema))
+        columns = [name for name in schema.names if name not in skip] if skip else None
     return pq.read_table(path, columns=columns).to_pandas()

@@ -22,7 +22,7 @@ import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,7 @@ from nextloc.visits import VISITS_SCHEMA
 logger = logging.getLogger(__name__)
 
 SynthFormat = Literal["geolife", "csv", "parquet", "gpx", "visits"]
+SYNTH_FORMATS: tuple[str, ...] = get_args(SynthFormat)
 _M_PER_DEG = 111_320.0
 
 

@@ -40,7 +40,13 @@ from nextloc.visits import (
 if TYPE_CHECKING:  # nextloc.inputs imports this module's readers
     from nextloc.inputs import InputSpec
 
-_REQUIRED = {"positionfixes": REQUIRED_POSITIONFIX_COLUMNS, "visits": VISIT_COLUMNS}
+# trackintel staypoints (its CSV writer's WKT, or GeoParquet's WKB): the point is the ``geom`` column
+TRACKINTEL_COLUMNS = ("user_id", "started_at", "finished_at", "geom")
+_REQUIRED = {
+    "positionfixes": REQUIRED_POSITIONFIX_COLUMNS,
+    "visits": VISIT_COLUMNS,
+    "trackintel": TRACKINTEL_COLUMNS,
+}
 _BATCH_ROWS = 1 << 20
 _MAX_USER_ID = np.iinfo(np.int32).max
 
@@ -98,7 +104,8 @@ def read_spilled(paths: list[Path]) -> pa.Table:
 
 
 def read_visit_files(files: list[Path], spec: InputSpec) -> tuple[pa.Table, IngestReport]:
-    """Read already-extracted visits (CSV or parquet) of any number of users.
+    """Read already-extracted visits (CSV or parquet) of any number of users: nextloc's visit columns, or
+    trackintel staypoints (``spec.format == "trackintel"``: the point in ``geom``, WKT or WKB).
 
     A visit needs ``started_at <= finished_at``; the times follow the same rules as positionfix times.
 
@@ -106,7 +113,8 @@ def read_visit_files(files: list[Path], spec: InputSpec) -> tuple[pa.Table, Inge
         One table with :data:`VISITS_SCHEMA` (rows in file and row order) and the report.
     """
     report = IngestReport()
-    spec = spec.model_copy(update={"format": "visits"})
+    if spec.format != "trackintel":
+        spec = spec.model_copy(update={"format": "visits"})
     parts = [_visit_batch(frame, where, spec, report) for frame, where in _frames(files, spec, report)]
     parts = [p for p in parts if p.num_rows]
     table = pa.concat_tables(parts) if parts else VISITS_SCHEMA.empty_table()
@@ -139,7 +147,7 @@ def _frames(
     files: list[Path], spec: InputSpec, report: IngestReport
 ) -> Iterator[tuple[pd.DataFrame, _Where]]:
     """Batches of raw rows (renamed to nextloc's names) of every file; unusable files are reported."""
-    kind = "visits" if spec.format == "visits" else "positionfixes"
+    kind = spec.format if spec.format in ("visits", "trackintel") else "positionfixes"
     for path in files:
         is_parquet = path.suffix.lower() in (".parquet", ".pq")
         try:
@@ -270,7 +278,12 @@ def _visit_batch(frame: pd.DataFrame, where: _Where, spec: InputSpec, report: In
     user = _user_ids(frame["user_id"], bad, where, report)
     started = _times(frame["started_at"], spec.timezone, "started_at", bad, where, report)
     finished = _times(frame["finished_at"], spec.timezone, "finished_at", bad, where, report)
-    lat, lon = (_numbers(frame[c], c, COORDINATE_BOUNDS[c], bad, where, report) for c in COORDINATE_BOUNDS)
+    if spec.format == "trackintel":
+        lat, lon = _point_coordinates(frame["geom"], bad, where, report)
+    else:
+        lat, lon = (
+            _numbers(frame[c], c, COORDINATE_BOUNDS[c], bad, where, report) for c in COORDINATE_BOUNDS
+        )
     backwards = ~bad & (finished < started)
     for i in np.flatnonzero(backwards):
         report.add(
@@ -319,7 +332,7 @@ def _empty_rows(frame: pd.DataFrame, where: _Where, report: IngestReport) -> np.
     empty = np.ones(len(frame), bool)
     for column in frame.columns:
         values = frame[column]
-        if _typed(values):  # a number or a time is never blank text: only a missing value is empty
+        if _typed(values) or _binary(values):  # a number, time or WKB is never blank text: only missing
             empty &= values.isna().to_numpy(bool)
             continue
         empty &= (values.isna() | (values.astype("string").str.strip() == "")).fillna(True).to_numpy(bool)
@@ -334,6 +347,12 @@ def _typed(values: pd.Series) -> bool:
     dtype = values.dtype
     numeric = pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
     return numeric or pd.api.types.is_datetime64_any_dtype(dtype)
+
+
+def _binary(values: pd.Series) -> bool:
+    """A column of bytes (a parquet binary column: GeoParquet's WKB), which is not text."""
+    first = values.first_valid_index()
+    return values.dtype == object and first is not None and isinstance(values[first], bytes | bytearray)
 
 
 def _user_ids(values: pd.Series, bad: np.ndarray, where: _Where, report: IngestReport) -> np.ndarray:
@@ -364,6 +383,30 @@ def _numbers(
         out = ok & (np.abs(np.where(ok, nums, 0.0)) > bound)
         _report_rows(out, bad, values, where, report, "out_of_range", f"{name} outside +-{bound:g}")
     return nums
+
+
+def _point_coordinates(
+    values: pd.Series, bad: np.ndarray, where: _Where, report: IngestReport
+) -> tuple[np.ndarray, np.ndarray]:
+    """Latitude and longitude of a ``geom`` column: WKT text (trackintel's CSV writers) or WKB bytes
+    (GeoParquet). A value that is not a non-empty point is a ``bad_geometry`` row; coordinates out of
+    range are ``out_of_range`` rows, as for the latitude and longitude columns."""
+    import shapely  # here: only this input format needs it, and every CLI command imports this module
+
+    raw = values.to_numpy(object)
+    wkb = any(isinstance(v, bytes | bytearray) for v in raw)  # a parquet binary column (nulls aside)
+    texts = raw if wkb else np.array([v if isinstance(v, str) else "" for v in raw], object)
+    geoms = (
+        shapely.from_wkb(raw, on_invalid="ignore") if wkb else shapely.from_wkt(texts, on_invalid="ignore")
+    )
+    ok = (shapely.get_type_id(geoms) == 0) & ~shapely.is_empty(geoms)
+    _report_rows(~ok, bad, values, where, report, "bad_geometry", "geom is not a point (WKT or WKB)")
+    lat = pd.Series(np.where(ok, shapely.get_y(geoms), np.nan), index=values.index)
+    lon = pd.Series(np.where(ok, shapely.get_x(geoms), np.nan), index=values.index)
+    return (
+        _numbers(lat, "latitude", COORDINATE_BOUNDS["latitude"], bad, where, report),
+        _numbers(lon, "longitude", COORDINATE_BOUNDS["longitude"], bad, where, report),
+    )
 
 
 def _times(

@@ -40,13 +40,19 @@ def location_vocabulary(located: pd.DataFrame, encoded: pd.DataFrame) -> pd.Data
         encoded: the final staypoints (encoded ``location_id``, ``raw_location_id``, ``split``).
     """
     known = encoded.loc[encoded["location_id"] >= 2, ["location_id", "raw_location_id"]].drop_duplicates()
-    centres = located.groupby("location_id").agg(
-        latitude=("latitude", "mean"), longitude=("longitude", "mean"), n_staypoints=("latitude", "size")
-    )
+    centres = location_centres(located)
     vocab = known.rename(columns={"location_id": "loc_index"}).join(centres, on="raw_location_id")
     train_visits = encoded.loc[encoded["split"] == "train"].groupby("location_id").size()
     vocab["n_train_visits"] = vocab["loc_index"].map(train_visits).fillna(0).astype(np.int64)
     return vocab.sort_values("loc_index")[LOCATION_COLUMNS].reset_index(drop=True)
+
+
+def location_centres(located: pd.DataFrame) -> pd.DataFrame:
+    """Each DBSCAN location's centre (the mean of its staypoints' ``latitude`` and ``longitude``) and its
+    number of staypoints ``n_staypoints``, indexed by the raw ``location_id``."""
+    return located.groupby("location_id").agg(
+        latitude=("latitude", "mean"), longitude=("longitude", "mean"), n_staypoints=("latitude", "size")
+    )
 
 
 def user_vocabulary(encoded: pd.DataFrame) -> pd.DataFrame:

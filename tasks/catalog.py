@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from nextloc.sequences import SPLITS
 
@@ -30,6 +31,11 @@ class Catalog:
     def user_staypoints(self, user_id: int) -> Path:
         """Raw (unmerged, unfiltered) staypoints of one user."""
         return self.root / "02_staypoints" / f"user_id={user_id:03d}" / "part-0.parquet"
+
+    def user_files(self, layer: Literal["positionfixes", "staypoints"]) -> list[Path]:
+        """Every user's file of a per-user layer (``01_positionfixes`` or ``02_staypoints``), in user order."""
+        first = self.positionfixes(0) if layer == "positionfixes" else self.user_staypoints(0)
+        return sorted(first.parents[1].glob("user_id=*/part-0.parquet"))
 
     @property
     def located(self) -> Path:

@@ -38,7 +38,7 @@ from nextloc.inputs import (
 )
 from nextloc.sequences import SPLITS
 from nextloc.staypoints import STAYPOINT_COLUMNS, generate_staypoints
-from nextloc.storage import read_parquet, write_json, write_parquet
+from nextloc.storage import read_parquet, write_geoparquet, write_json, write_parquet
 from nextloc.vocabulary import location_vocabulary, user_vocabulary
 from tasks.caching import CACHE_POLICY, Artifact
 from tasks.catalog import Catalog
@@ -253,7 +253,7 @@ def ingest_visits(raw: RawFiles, spec: InputSpec, catalog: Catalog) -> tuple[lis
         sp["elevation"] = float("nan")
         sp["n_pfs"] = 0
         out = catalog.user_staypoints(user_id)
-        art = Artifact.record(out, write_parquet(sp[STAYPOINT_COLUMNS], out))
+        art = Artifact.record(out, write_geoparquet(sp[STAYPOINT_COLUMNS], out))
         results.append(StaypointsResult(user_id, art, len(sp), None, None, 0, 0))
     if not results:
         raise ValueError(f"no valid visits in {len(raw.paths)} file(s): {report.to_dict()['counts']}")
@@ -315,7 +315,7 @@ def generate_staypoints_user(
         return StaypointsResult(ingested.user_id, None, 0, None, None, 0, 0)
     pfs = _read_positionfixes(ingested.positionfixes)
     result = generate_staypoints(pfs, config, tripleg_gap_threshold_min=tripleg_gap_threshold_min)
-    fingerprint = write_parquet(result.staypoints[STAYPOINT_COLUMNS], Path(out_path))
+    fingerprint = write_geoparquet(result.staypoints[STAYPOINT_COLUMNS], Path(out_path))
     return StaypointsResult(
         user_id=ingested.user_id,
         staypoints=Artifact.record(out_path, fingerprint),
@@ -339,7 +339,10 @@ def locate_staypoints_task(
     logger = get_run_logger()
     with_sp = [u for u in users if u.staypoints is not None and u.n_staypoints > 0]
     sp = pd.concat(
-        [pq.read_table(u.staypoints.path).to_pandas() for u in sorted(with_sp, key=lambda u: u.user_id)],
+        [
+            pq.read_table(u.staypoints.path, columns=STAYPOINT_COLUMNS).to_pandas()
+            for u in sorted(with_sp, key=lambda u: u.user_id)
+        ],
         ignore_index=True,
     )
     extents = pd.DataFrame(
@@ -350,7 +353,7 @@ def locate_staypoints_task(
         }
     )
     located = locate_staypoints(sp, extents, config, dbscan_tiles, tile_map() if dbscan_tiles else None)
-    fingerprint = write_parquet(located.staypoints, Path(out_path))
+    fingerprint = write_geoparquet(located.staypoints, Path(out_path))
     logger.info("located staypoints: %s", located.stats)
     return Artifact.record(out_path, fingerprint), located.stats
 
@@ -367,7 +370,7 @@ def build_dataset_task(
     logger = get_run_logger()
     located_sp = read_parquet(Path(located.path))
     dataset = build_dataset(located_sp, config)
-    sp_art = Artifact.record(catalog.staypoints, write_parquet(dataset.staypoints, catalog.staypoints))
+    sp_art = Artifact.record(catalog.staypoints, write_geoparquet(dataset.staypoints, catalog.staypoints))
     samples = {
         split: Artifact.record(
             catalog.samples(split), write_parquet(dataset.samples[split], catalog.samples(split))
@@ -377,7 +380,7 @@ def build_dataset_task(
     vocabulary = {
         "locations": Artifact.record(
             catalog.vocabulary("locations"),
-            write_parquet(
+            write_geoparquet(
                 location_vocabulary(located_sp, dataset.staypoints), catalog.vocabulary("locations")
             ),
         ),

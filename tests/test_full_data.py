@@ -90,8 +90,8 @@ def test_dbscan_by_tiles_gives_the_located_parquet_byte_for_byte(full_run, tmp_p
 
     from nextloc.config import PreprocessConfig
     from nextloc.locations import generate_locations
-    from nextloc.staypoints import create_activity_flag
-    from nextloc.storage import write_parquet
+    from nextloc.staypoints import STAYPOINT_COLUMNS, create_activity_flag
+    from nextloc.storage import write_geoparquet
     from tasks.catalog import Catalog
 
     _, data_dir, _ = full_run
@@ -100,7 +100,10 @@ def test_dbscan_by_tiles_gives_the_located_parquet_byte_for_byte(full_run, tmp_p
     # the located users (91 of the 92 quality users: one has only noise, which with min_samples 2 means
     # points with no neighbour, so leaving them out changes no other label); tiles=0 proves it exact
     users = sorted(located["user_id"].unique())
-    sp = pd.concat([pq.read_table(catalog.user_staypoints(u)).to_pandas() for u in users], ignore_index=True)
+    sp = pd.concat(
+        [pq.read_table(catalog.user_staypoints(u), columns=STAYPOINT_COLUMNS).to_pandas() for u in users],
+        ignore_index=True,
+    )
     cfg = PreprocessConfig()
     sp = create_activity_flag(sp, cfg.staypoints.activity_time_threshold_min)
     sp = sp[sp["is_activity"]].reset_index(drop=True)
@@ -108,5 +111,5 @@ def test_dbscan_by_tiles_gives_the_located_parquet_byte_for_byte(full_run, tmp_p
     for tiles in (0, 8):  # 0: the reconstruction itself is exact
         out = generate_locations(sp, cfg.locations, tiles=tiles)
         out = out[out["location_id"].notna()].reset_index(drop=True)
-        write_parquet(out, tmp_path / f"located-{tiles}.parquet")
+        write_geoparquet(out, tmp_path / f"located-{tiles}.parquet")
         assert (tmp_path / f"located-{tiles}.parquet").read_bytes() == expected, tiles

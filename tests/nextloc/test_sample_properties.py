@@ -87,6 +87,9 @@ def located_staypoints(draw: st.DrawFn, dense_first_user: bool = True) -> pd.Dat
     )
     df["user_id"] = df["user_id"].astype(np.int32)
     df["location_id"] = df["location_id"].astype(np.int64)
+    # located staypoints carry their coordinates (the final staypoints keep them); the rules ignore them
+    df["latitude"] = 39.9 + df["location_id"] * 1e-3
+    df["longitude"] = 116.3
     return df
 
 
@@ -281,6 +284,8 @@ def test_no_user_kept_is_not_an_index_error() -> None:
             "started_at": [start],
             "finished_at": [start + pd.Timedelta(hours=1)],
             "location_id": np.array([3], np.int64),
+            "latitude": [39.9],
+            "longitude": [116.3],
         }
     )
     with pytest.raises(ValueError, match="no user has a valid target in every split"):
