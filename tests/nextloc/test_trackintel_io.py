@@ -47,7 +47,9 @@ class TestExportModels:
         back = ti.read_staypoints_csv(tmp_path / "sp.csv", index_col="id")
         np.testing.assert_array_equal(back.geometry.x, sp["longitude"])
         np.testing.assert_array_equal(back.geometry.y, sp["latitude"])
-        pd.testing.assert_series_equal(back["started_at"], sp["started_at"], check_names=False, check_index=False)
+        pd.testing.assert_series_equal(
+            back["started_at"], sp["started_at"], check_names=False, check_index=False
+        )
 
         locs = locations_model(located)
         assert isinstance(locs, ti.Locations)
@@ -100,7 +102,7 @@ class TestTrackintelInputHostile:
         path = tmp_path / "sp.csv"
         path.write_text(
             HEADER + "0,1,2008-10-23 02:00:00+00:00,2008-10-23 03:00:00+00:00,1.0,POINT (116.3 39.9)\n"
-            "1,1,2008-10-23 04:00:00+00:00,2008-10-23 05:00:00+00:00,1.0,\"LINESTRING (0 0, 1 1)\"\n"
+            '1,1,2008-10-23 04:00:00+00:00,2008-10-23 05:00:00+00:00,1.0,"LINESTRING (0 0, 1 1)"\n'
             "2,1,2008-10-23 06:00:00+00:00,2008-10-23 07:00:00+00:00,1.0,not a point\n"
             "3,1,later,2008-10-23 09:00:00+00:00,1.0,POINT (116.3 39.9)\n"
             "4,1,2008-10-23 10:00:00+00:00,2008-10-23 11:00:00+00:00,1.0,POINT (116.3 99)\n"
