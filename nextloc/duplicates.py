@@ -126,25 +126,37 @@ def copied_staypoints(staypoints: pd.DataFrame) -> np.ndarray:
     return staypoints["user_id"].to_numpy() > first_holders(staypoints)
 
 
-def _twins(staypoints: pd.DataFrame) -> pd.DataFrame:
-    """Every ordered pair of staypoints of two users with the same start, end and place: ``id``,
-    ``user_id``, ``split`` of the one, ``id_twin``, ``user_id_twin``, ``split_twin`` of the other, and
-    ``flags``: whether the twin makes the first a copy in evaluation (:func:`copied_targets`)."""
+def _held(staypoints: pd.DataFrame) -> pd.DataFrame:
+    """The staypoints that several users hold, one row per user and staypoint: ``id``, ``user_id``,
+    ``split``, ``group`` (one number per start, end and place) and ``flag``: whether it is a copy in
+    evaluation (:func:`copied_targets`: a lower user id holds it, or another user holds it in training or
+    validation). Linear in the holders: a staypoint that k users hold is k rows, not k * k pairs."""
     key = list(STAYPOINT_KEY)
     held = staypoints.loc[staypoints.duplicated(key, keep=False), [*key, "id", "user_id", "split"]]
     held = held.drop_duplicates([*key, "user_id"])
-    twins = held.merge(held, on=key, suffixes=("", "_twin"))
-    twins = twins[twins["user_id"] != twins["user_id_twin"]]
-    flags = (twins["user_id_twin"] < twins["user_id"]) | twins["split_twin"].isin(["train", "val"])
-    return twins.assign(flags=flags.to_numpy())
+    group = held.groupby(key, sort=False).ngroup().to_numpy()
+    seen = held["split"].isin(["train", "val"]).to_numpy().astype(np.int64)
+    held = held.assign(group=group, seen=seen)
+    by_group = held.groupby("group", sort=False)
+    first = by_group["user_id"].transform("min").to_numpy()
+    seen_elsewhere = by_group["seen"].transform("sum").to_numpy() - seen
+    holders = by_group["user_id"].transform("size").to_numpy()
+    flag = ((held["user_id"].to_numpy() > first) | (seen_elsewhere > 0)) & (holders > 1)
+    return held.drop(columns="seen").assign(flag=flag)
 
 
 def staypoint_pairs(staypoints: pd.DataFrame) -> dict[Pair, int]:
-    """Per user pair ``(a, b)``, ``a < b``: how many staypoints (start, end, place) both hold."""
-    twins = _twins(staypoints)
-    twins = twins[twins["user_id"] < twins["user_id_twin"]]
-    counts = twins.groupby(["user_id", "user_id_twin"], sort=True).size()
-    return {(int(a), int(b)): int(n) for (a, b), n in counts.items()}
+    """Per user pair ``(a, b)``, ``a < b``: how many staypoints (start, end, place) both hold.
+
+    Counted per set of holders (many staypoints share one set), so the pairs are enumerated once per set.
+    """
+    held = _held(staypoints)
+    holder_sets = Counter(tuple(sorted(users)) for users in held.groupby("group")["user_id"].agg(tuple))
+    counts: Counter[Pair] = Counter()
+    for users, n in holder_sets.items():
+        for a, b in combinations(users, 2):
+            counts[(int(a), int(b))] += n
+    return dict(sorted(counts.items()))
 
 
 def copied_targets(staypoints: pd.DataFrame, target_ids: np.ndarray) -> np.ndarray:
@@ -155,8 +167,21 @@ def copied_targets(staypoints: pd.DataFrame, target_ids: np.ndarray) -> np.ndarr
     A test target is kept only as the first copy of staypoints that are test targets wherever they are:
     the test set one copy of the data would give, without targets the model saw under another user.
     """
-    twins = _twins(staypoints)
-    return np.isin(np.asarray(target_ids), twins.loc[twins["flags"], "id"].to_numpy())
+    held = _held(staypoints)
+    return np.isin(np.asarray(target_ids), held.loc[held["flag"], "id"].to_numpy())
+
+
+def _test_pairs(held: pd.DataFrame, test_ids: np.ndarray) -> dict[Pair, int]:
+    """Per user pair: the test targets of either user that the other's copy makes a copy."""
+    flagged = held[held["flag"] & held["id"].isin(test_ids)]
+    twins = flagged.merge(held[["group", "user_id", "split"]], on="group", suffixes=("", "_twin"))
+    twins = twins[twins["user_id"] != twins["user_id_twin"]]
+    makes_copy = (twins["user_id_twin"] < twins["user_id"]) | twins["split_twin"].isin(["train", "val"])
+    twins = twins[makes_copy]
+    users = np.sort(twins[["user_id", "user_id_twin"]].to_numpy(), axis=1)
+    pairs = pd.DataFrame({"a": users[:, 0], "b": users[:, 1], "id": twins["id"].to_numpy()})
+    counts = pairs.drop_duplicates().groupby(["a", "b"]).size()
+    return {(int(a), int(b)): int(n) for (a, b), n in counts.items()}
 
 
 def copied_samples(staypoints_path: Path, samples: pa.Table) -> np.ndarray | None:
@@ -186,13 +211,8 @@ def duplicate_report(
         (what evaluation leaves out) and ``test_samples``, and ``drop_shared_files`` with ``files_dropped``
         (per user) and ``n_files_dropped``.
     """
-    twins = _twins(staypoints)
     test_ids = np.asarray(test_ids)
-    flagged = twins[twins["flags"] & twins["id"].isin(test_ids)]
-    users = np.sort(flagged[["user_id", "user_id_twin"]].to_numpy(), axis=1)
-    flagged_pairs = pd.DataFrame({"a": users[:, 0], "b": users[:, 1], "id": flagged["id"].to_numpy()})
-    test_pairs = flagged_pairs.drop_duplicates().groupby(["a", "b"]).size()
-    test_pairs = {(int(a), int(b)): int(n) for (a, b), n in test_pairs.items()}
+    test_pairs = _test_pairs(_held(staypoints), test_ids)
     file_pairs = dict(files.pairs) if files is not None else {}
     sp_pairs = staypoint_pairs(staypoints)
     dropped = dict(files.dropped) if files is not None else {}
