@@ -103,7 +103,9 @@ def serve_registered(
         )
     cmd, env = server_command(model, port, uri)
     log.info("starting MLflow's scoring server for %s (version %s) on %s:%d", model, version, HOST, port)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C and SIGTERM both stop the server: SIGINT explicitly too, since a process started in the
+    # background of a non-interactive shell inherits SIGINT ignored and Python then installs no handler
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     server = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         url = f"http://{HOST}:{port}"
@@ -123,11 +125,12 @@ def serve_registered(
         terminate(server.pid, signal.SIGTERM, timeout_s=20)
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=5)
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM stops ``nextloc serve`` as Ctrl-C does: the server is stopped too."""
+    """Ctrl-C or SIGTERM stops ``nextloc serve``, and the server with it."""
     raise KeyboardInterrupt
 
 

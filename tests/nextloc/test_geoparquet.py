@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from pyproj import CRS
 
 from nextloc.geoparquet import geometry_columns
 from nextloc.storage import read_parquet, write_geoparquet
@@ -48,6 +49,12 @@ def test_metadata_is_what_geopandas_writes(tmp_path):
     meta = json.loads(pq.read_schema(ours).metadata[b"geo"])
     expected = json.loads(pq.read_schema(theirs).metadata[b"geo"])
     expected.pop("creator", None)
+    # the same CRS; its PROJJSON text depends on which PROJ database the process loaded (a datum or the
+    # WGS 84 datum ensemble), so it is compared as a CRS
+    ours_crs = meta["columns"]["geometry"].pop("crs")
+    their_crs = expected["columns"]["geometry"].pop("crs")
+    assert CRS.from_json_dict(ours_crs) == CRS.from_json_dict(their_crs)
+    assert CRS.from_json_dict(ours_crs).to_epsg() == 4326
     assert meta == expected
     # the geometry bytes too
     assert pq.read_table(ours)["geometry"].equals(pq.read_table(theirs)["geometry"])
