@@ -6,6 +6,10 @@ its pid and start time into the lock file) and then finds everything its predece
 The operating system drops the lock when the holder dies, SIGKILL included, so a crash never leaves a
 stale lock. Nested use in one thread (``preprocess-train`` calling the ``preprocess`` and ``train``
 flows) is re-entrant; other threads wait like other processes.
+
+``registry_lock()`` is the other lock: one writer at a time of the MLflow rows every run shares (the
+experiment, registered models, the ``champion`` alias), across machines, as a Prefect global concurrency
+limit.
 """
 
 from __future__ import annotations
@@ -104,3 +108,44 @@ def _holder(path: Path) -> str:
     except (OSError, json.JSONDecodeError):
         return "holder unknown"
     return f"pid {info.get('pid', '?')} since {info.get('since', '?')}"
+
+
+#: Prefect's global concurrency limit (one slot) that serialises writes to the MLflow registry's shared rows.
+REGISTRY_LIMIT = "nextloc-mlflow-registry"
+
+
+@contextlib.contextmanager
+def registry_lock(timeout_s: float = 900.0) -> Iterator[None]:
+    """One writer at a time, across processes and machines, of what runs share in MLflow: the experiment
+    and its tags, a registered model and its versions, the ``champion`` alias.
+
+    Concurrent runs racing to insert the same row make MLflow's store fail the loser (``experiment_tag_pk``
+    killed one run of a burst) or recover from a database error; and two promotions reading the same
+    champion could both move the alias. The lock is a slot of Prefect's global concurrency limit
+    :data:`REGISTRY_LIMIT` (created on first use; ``nextloc services start`` creates it), so every run
+    that talks to the same Prefect API takes turns. Without a Prefect API (a library call) it does nothing.
+    """
+    if not os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+
+    ensure_registry_limit()
+    with concurrency(REGISTRY_LIMIT, occupy=1, timeout_seconds=timeout_s, strict=True):
+        yield
+
+
+def ensure_registry_limit() -> None:
+    """Create :data:`REGISTRY_LIMIT` (one slot) in the Prefect API if it is missing."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(REGISTRY_LIMIT)
+        except ObjectNotFound:
+            with contextlib.suppress(ObjectAlreadyExists):  # created concurrently
+                client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name=REGISTRY_LIMIT, limit=1)
+                )

@@ -34,6 +34,7 @@ from tasks import tracking
 from tasks.caching import CACHE_POLICY, call_cached
 from tasks.catalog import Catalog
 from tasks.evaluate import champion_maps, load_registered, registered_scores
+from tasks.locking import registry_lock
 from tasks.tracking import selected_name
 from tasks.train import DataRef, TrackingConfig
 from tasks.versions import Holder, champion_holder, move_champion, record_decision
@@ -86,26 +87,32 @@ def champion_challenger(
         "challenger_seed": challenger["seed"],
         "seeds": sorted(r["seed"] for r in mine),
     }
-    champion = champion_holder(kind)
-    if champion is None:
-        decision = {**head, **champion_decision(outcomes, None)}
-    elif champion.version == head["challenger_version"]:
-        reason = "the challenger already is the champion (cached)"
-        decision = {**head, "champion_version": champion.version, "promoted": False, "reason": reason}
-    else:
-        head.update(champion_version=champion.version, champion_run_id=champion.run_id)
-        scored = _score_cached(kind, champion, data, decision_metric, match_radius_m, tracking_cfg)
-        head.update(scored["how"])
-        if scored["outcomes"] is None:
-            decision = {**head, "promoted": True, "reason": f"the champion cannot be scored: {scored['why']}"}
+    # one run at a time reads the champion, scores it and moves the alias, on every machine
+    with registry_lock():
+        champion = champion_holder(kind)
+        if champion is None:
+            decision = {**head, **champion_decision(outcomes, None)}
+        elif champion.version == head["challenger_version"]:
+            reason = "the challenger already is the champion (cached)"
+            decision = {**head, "champion_version": champion.version, "promoted": False, "reason": reason}
         else:
-            verdict = champion_decision(outcomes, scored["outcomes"], scored["groups"], min_effect, alpha)
-            decision = {**head, **verdict}
-    if decision["promoted"]:
-        move_champion(kind, decision["challenger_version"])
-    name = tracking.registered_name(kind)
-    decision["decision"] = decision_text(name, decision)  # the one sentence every surface shows
-    record_decision(parent_run_id, kind, decision)
+            head.update(champion_version=champion.version, champion_run_id=champion.run_id)
+            scored = _score_cached(kind, champion, data, decision_metric, match_radius_m, tracking_cfg)
+            head.update(scored["how"])
+            if scored["outcomes"] is None:
+                decision = {
+                    **head,
+                    "promoted": True,
+                    "reason": f"the champion cannot be scored: {scored['why']}",
+                }
+            else:
+                verdict = champion_decision(outcomes, scored["outcomes"], scored["groups"], min_effect, alpha)
+                decision = {**head, **verdict}
+        if decision["promoted"]:
+            move_champion(kind, decision["challenger_version"])
+        name = tracking.registered_name(kind)
+        decision["decision"] = decision_text(name, decision)  # the one sentence every surface shows
+        record_decision(parent_run_id, kind, decision)
     logger.info("%s: %s -> %s", name, decision["reason"], "promoted" if decision["promoted"] else "kept")
     if decision["promoted"]:
         _draw_champion(kind, decision["challenger_version"], challenger["run_id"], data, tracking_cfg)

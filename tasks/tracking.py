@@ -29,6 +29,7 @@ from mlflow.exceptions import MlflowException
 
 from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.metrics import HEADLINE
+from tasks.locking import registry_lock
 
 logger = logging.getLogger(__name__)
 
@@ -84,23 +85,36 @@ def default_tracking_uri(root: Path | None = None) -> str:
 
 
 def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> str:
-    """Point MLflow at the store and make sure the experiment exists; returns the experiment id."""
+    """Point MLflow at the store and make sure the experiment exists, tagged; returns the experiment id.
+
+    Creating and tagging happen under :func:`tasks.locking.registry_lock`: runs starting at once on a fresh
+    store would otherwise race to insert the same rows.
+    """
     uri = tracking_uri or default_tracking_uri()
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     client = MlflowClient()
     exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        artifact_location = None
-        if uri.startswith("sqlite:///"):
-            artifact_location = (Path(uri[len("sqlite:///") :]).parent / "artifacts").resolve().as_uri()
-        elif uri.startswith(("postgresql", "mysql", "mssql")):  # a database store: artifacts stay on disk
-            artifact_location = (Path.cwd() / "mlruns" / "artifacts").resolve().as_uri()
-        with contextlib.suppress(MlflowException):  # created concurrently
-            client.create_experiment(experiment, artifact_location=artifact_location)
+    if exp is not None and not _missing_experiment_tags(exp.tags):
+        return exp.experiment_id
+    with registry_lock():
         exp = client.get_experiment_by_name(experiment)
-    _present_experiment(client, exp.experiment_id, exp.tags)
+        if exp is None:
+            client.create_experiment(experiment, artifact_location=_artifact_location(uri))
+            exp = client.get_experiment_by_name(experiment)
+        for key, value in _missing_experiment_tags(exp.tags).items():
+            client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
+
+
+def _artifact_location(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite store; ``mlruns/artifacts`` for a database
+    store written directly; the tracking server's own choice (its artifact proxy) for an ``http`` store."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///") :]).parent / "artifacts").resolve().as_uri()
+    if uri.startswith(("postgresql", "mysql", "mssql")):
+        return (Path.cwd() / "mlruns" / "artifacts").resolve().as_uri()
+    return None
 
 
 def comparison_view_state() -> dict[str, Any]:
@@ -129,9 +143,9 @@ def comparison_url(ui_url: str, experiment_id: str) -> str:
     )
 
 
-def _present_experiment(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> None:
-    """Tag the experiment for the MLflow UI (kind, description, the comparison view); a description or view
-    the user changed in the UI is kept."""
+def _missing_experiment_tags(tags: dict[str, str]) -> dict[str, str]:
+    """The experiment's tags for the MLflow UI (kind, description, the comparison view) that it lacks; a
+    description or view the user changed in the UI is kept."""
     wanted = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, DESCRIPTION_TAG: EXPERIMENT_DESCRIPTION}
     view_key = SAVED_VIEW_TAG + COMPARISON_VIEW
     if view_key not in tags:
@@ -139,9 +153,7 @@ def _present_experiment(client: MlflowClient, experiment_id: str, tags: dict[str
         state = json.dumps(comparison_view_state())
         envelope = {"name": COMPARISON_VIEW_NAME, "createdAt": now, "updatedAt": now, "state": state}
         wanted[view_key] = json.dumps(envelope)
-    for key, value in wanted.items():
-        if key not in tags:
-            client.set_experiment_tag(experiment_id, key, value)
+    return {key: value for key, value in wanted.items() if key not in tags}
 
 
 def log_input(dataset: Any, context: str, attempts: int = 5) -> None:
@@ -438,6 +450,7 @@ def log_training(params: dict[str, Any], history: list[dict[str, float]]) -> Non
         mlflow.log_metrics({mlflow_name(k): v for k, v in record.items()}, step=step)
 
 
-def log_run_metrics(metrics: dict[str, float]) -> None:
-    """Metrics logged once on the active run (names through :func:`mlflow_name`)."""
-    mlflow.log_metrics({mlflow_name(k): v for k, v in metrics.items()})
+def log_run_metrics(metrics: dict[str, float], model_id: str | None = None) -> None:
+    """Metrics logged once on the active run (names through :func:`mlflow_name`), linked to the logged
+    model ``model_id`` when given."""
+    mlflow.log_metrics({mlflow_name(k): v for k, v in metrics.items()}, model_id=model_id)

@@ -115,7 +115,6 @@ def train_model_task(
         # the model chosen on validation gives the validation metrics; the tested one may be a refit on train + val
         evaluation = evaluate(val=splits["val"], test=splits["test"], **_scoring(result))
         evaluation.test_copied = copied_samples(catalog.staypoints, splits["test"].table)
-        tracking.log_run_metrics(_flat_metrics(result, evaluation))
         results_json = _results_json(result, evaluation, time.perf_counter() - started, run_id)
         _record(run_id, run_dir, result, evaluation, kind, seed, meta, catalog, data, results_json)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
@@ -164,8 +163,13 @@ def _record(
     data,
     results_json,
 ):
-    """Write the run's files, log them, register the bundle and describe its version; ``results_json`` gains
-    the model URI, the registered version and whether the bundle holds the users' profile."""
+    """Write the run's files, log them, register the bundle, log the test metrics linked to it and describe
+    its version; ``results_json`` gains the model URI, the registered version and whether the bundle holds
+    the users' profile.
+
+    The metrics come after the model: MLflow links a run's step-0 metrics to a model logged after them by
+    inserting them again, which a database store answers with a duplicate-key error (``metric_pk``).
+    """
     write_json(results_json, run_dir / "results.json")
     write_json(evaluation.head.to_dict(), run_dir / "new_place_head.json")
     write_parquet(evaluation.per_sample(), run_dir / "test_per_sample.parquet")
@@ -175,7 +179,8 @@ def _record(
         if catalog.vocabulary(vocab).is_file():
             tracking.log_file_artifact(run_id, catalog.vocabulary(vocab), "vocabulary")
     profile = result["routine_data"].routine.profile() if "routine_data" in result else None
-    model_uri, version = _log_bundle(kind, result["model"], meta, evaluation, catalog, profile)
+    model_uri, version, model_id = _log_bundle(kind, result["model"], meta, evaluation, catalog, profile)
+    tracking.log_run_metrics(_flat_metrics(result, evaluation), model_id=model_id)
     results_json.update(
         {"model_uri": model_uri, "registered_version": version, "holds_profile": profile is not None}
     )
@@ -246,7 +251,7 @@ def _train_neural(
 
 def _log_bundle(kind: str, model, meta: dict, evaluation: Evaluation, catalog: Catalog, profile=None):
     """Register the model as a bundle (weights, config, vocabulary, new-place head, a routine kind's users'
-    profile; nothing pickled) with a pyfunc that answers visits; returns ``(model_uri, version)``."""
+    profile; nothing pickled) with a pyfunc that answers visits; returns ``(model_uri, version, model_id)``."""
     vocab = {
         name: pd.read_parquet(catalog.vocabulary(name)) if catalog.vocabulary(name).is_file() else None
         for name in ("locations", "users")

@@ -25,6 +25,7 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 from nextloc.metrics import HEADLINE
 from nextloc.serving import BUNDLE_ARTIFACT
 from tasks import tracking
+from tasks.locking import registry_lock
 
 CHAMPION = "champion"
 
@@ -141,14 +142,16 @@ def model_signature() -> ModelSignature:
 
 def log_model(
     bundle_dir: Path, example: pd.DataFrame | None, kind: str, pip_requirements: list[str]
-) -> tuple[str, str]:
+) -> tuple[str, str, str]:
     """Log a model bundle (inside the active run) as a models-from-code pyfunc and register it.
 
     The code is :data:`PYFUNC_CODE`, the weights and config the bundle (:func:`nextloc.serving.save_bundle`):
-    nothing is pickled.
+    nothing is pickled. The version is created under :func:`tasks.locking.registry_lock`, after the
+    registered model where it is new (``mlflow.register_model`` would try to create the registered model
+    every time and recover from the duplicate).
 
     Returns:
-        ``(model_uri, registered version)``.
+        ``(model_uri, registered version, logged model id)``.
     """
     info = mlflow.pyfunc.log_model(
         name="model",
@@ -156,10 +159,19 @@ def log_model(
         artifacts={BUNDLE_ARTIFACT: str(bundle_dir)},
         signature=model_signature(),
         input_example=example,
-        registered_model_name=tracking.registered_name(kind),
         pip_requirements=pip_requirements,
     )
-    return info.model_uri, str(info.registered_model_version)
+    name = tracking.registered_name(kind)
+    client = MlflowClient()
+    with registry_lock():
+        try:
+            client.get_registered_model(name)
+        except MlflowException:
+            client.create_registered_model(name)
+        version = client.create_model_version(
+            name, info.model_uri, run_id=info.run_id, model_id=info.model_id
+        )
+    return info.model_uri, str(version.version), info.model_id
 
 
 VERSION_SCORES = (HEADLINE, "place_mrr", "acc@1", "mrr")
