@@ -119,6 +119,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "synth": _cmd_synth,
         "export": _cmd_export,
         "services": _cmd_services,
+        "worker": _cmd_worker,
         "serve": _cmd_serve,
     }
     for name, spec in SUBCOMMANDS.items():
@@ -287,6 +288,16 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     else:
         _print_answers(answers)
     return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from services.worker import run_worker
+
+    if not args.api:
+        log.error("no Prefect API: pass --api http://SERVICES_HOST:4200/api or export PREFECT_API_URL")
+        return 2
+    run_worker(Path.cwd(), args.api, args.pool, args.limit)
+    return 0  # not reached: the worker replaces this process
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -184,6 +184,23 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_tracking_options(parser)
 
 
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api",
+        default=os.environ.get("PREFECT_API_URL"),
+        help="the services' Prefect API, e.g. http://SERVICES_HOST:4200/api (default $PREFECT_API_URL)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=int(os.environ.get("NEXTLOC_SERVE_LIMIT", "1")),
+        help="flow runs this worker takes at once (default 1; $NEXTLOC_SERVE_LIMIT)",
+    )
+    parser.add_argument(
+        "--pool", default=os.environ.get("NEXTLOC_WORK_POOL", "nextloc"), help="work pool (default nextloc)"
+    )
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "preprocess": Subcommand(
         _preprocess_arguments,
@@ -233,6 +250,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "services": Subcommand(
         _services_arguments,
         help="start/stop a local Prefect server, the MLflow UI and the deployments (logs in .services/)",
+    ),
+    "worker": Subcommand(
+        _worker_arguments,
+        help="join the services' work pool: run deployment flow runs in this project folder, with its data.",
+        description="A Prefect process worker of the work pool `nextloc` (`prefect worker start`), run in "
+        "the foreground until Ctrl-C. Flow runs start in this folder and track into the services' MLflow "
+        "tracking server: a second machine needs nextloc, its data and network access to the services.",
     ),
     "serve": Subcommand(
         _serve_arguments,

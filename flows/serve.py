@@ -1,10 +1,16 @@
-"""Serve the deployments: ``preprocess-train/<name>`` for every dataset profile, and ``retrain/<name>-dumps``.
+"""The deployments, registered in the work pool: ``preprocess-train/<name>`` for every dataset profile, and
+``retrain/<name>-dumps``.
 
-``python -m flows.serve`` (``make services`` starts it in the background) registers the deployments with
-the Prefect API in ``PREFECT_API_URL`` and runs their flow runs in subprocesses of this process, in the
-current folder, until interrupted. Every ``configs/datasets/<name>.yaml`` (``$NEXTLOC_DATASETS_DIR``
-points elsewhere) gets ``preprocess-train/<name>``, with the profile's input, protocol, model presets and
-outputs under ``data/<name>/`` as its parameters (the same resolution as ``nextloc run --dataset <name>``;
+``python -m flows.serve`` (``make services`` runs it once the Prefect server is up) registers them with the
+Prefect API in ``PREFECT_API_URL``, in the process work pool ``nextloc`` (``$NEXTLOC_WORK_POOL``). Their
+flow runs go to whichever worker of the pool is free (``nextloc worker``, :mod:`flows.worker`): each runs
+in its worker's project folder (the deployment's pull step changes to ``$NEXTLOC_PROJECT_DIR``, which the
+worker sets), with that folder's data, and tracks into the MLflow tracking server whose URL the deployment
+carries (``$NEXTLOC_TRACKING_URI``, an ``http://`` URL: no database password on any worker).
+
+Every ``configs/datasets/<name>.yaml`` (``$NEXTLOC_DATASETS_DIR`` points elsewhere) gets
+``preprocess-train/<name>``, with the profile's input, protocol, model presets and outputs under
+``data/<name>/`` as its parameters (the same resolution as ``nextloc run --dataset <name>``;
 ``preprocess-train/geolife`` is the GeoLife default). A profile whose input is missing still gets its
 deployment; a run of it fails naming the missing path.
 
@@ -17,6 +23,7 @@ says so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -25,6 +32,13 @@ from pathlib import Path
 from flows.cli import configure_environment
 
 RETRAIN_CRON = os.environ.get("NEXTLOC_RETRAIN_CRON", "17 * * * *")
+WORK_POOL = os.environ.get("NEXTLOC_WORK_POOL", "nextloc")
+#: The deployments' pull step: a flow run starts in its worker's project folder (set by ``nextloc worker``).
+PROJECT_DIR_STEP = {
+    "prefect.deployments.steps.set_working_directory": {"directory": "{{ $NEXTLOC_PROJECT_DIR }}"}
+}
+#: What a deployment's flow runs get from the services, on whichever machine they run.
+RUN_ENV = ("NEXTLOC_TRACKING_URI", "NEXTLOC_MLFLOW_UI_URL")
 DEFAULT_PROFILE = "geolife"
 log = logging.getLogger("nextloc.serve")
 
@@ -42,6 +56,8 @@ def deployments(profile_root: Path | None = None) -> list:
         FileNotFoundError: if the folder holds no profile.
         ValueError: on a bad profile (the message names its file and key).
     """
+    from prefect.deployments.runner import EntrypointType
+
     from flows.pipeline import preprocess_train, profile_parameters
     from flows.retrain import retrain
     from nextloc.profiles import list_profiles, load_profile, profile_dir
@@ -62,6 +78,7 @@ def deployments(profile_root: Path | None = None) -> list:
                 f"profile's protocol), train and evaluate into {params['data_dir']}/, promote the champion.",
                 tags=["nextloc", name],
                 parameters=params,
+                entrypoint_type=EntrypointType.MODULE_PATH,
             )
         )
         if profile.input.format != "geolife":
@@ -83,6 +100,7 @@ def deployments(profile_root: Path | None = None) -> list:
                 description=f"Merge new trajectory dumps from {incoming_dir(name)} into the {name} raw store, "
                 "reprocess what changed, retrain, champion vs challenger.",
                 tags=["nextloc", name, "retrain"],
+                entrypoint_type=EntrypointType.MODULE_PATH,
                 parameters={
                     "incoming_dir": incoming_dir(name),
                     "raw_dir": params["raw_dir"] or "data/raw/geolife",
@@ -96,15 +114,38 @@ def deployments(profile_root: Path | None = None) -> list:
     return out
 
 
+def register(pool: str = WORK_POOL) -> list[str]:
+    """Create the process work pool ``pool`` if missing and register :func:`deployments` in it; returns
+    their names. A deployment's flow runs get :data:`RUN_ENV` from this process's environment. Also creates
+    the limit behind :func:`tasks.locking.registry_lock`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate, WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    from tasks.locking import ensure_registry_limit
+
+    env = {key: os.environ[key] for key in RUN_ENV if os.environ.get(key)}
+    names = []
+    with get_client(sync_client=True) as client:
+        with contextlib.suppress(ObjectAlreadyExists):
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        for deployment in deployments():
+            deployment.job_variables = {"env": env}
+            deployment_id = deployment.apply(work_pool_name=pool)
+            client.update_deployment(deployment_id, DeploymentUpdate(pull_steps=[PROJECT_DIR_STEP]))
+            names.append(f"{deployment.flow_name}/{deployment.name}")
+    ensure_registry_limit()
+    log.info("registered in work pool %s: %s", pool, ", ".join(names))
+    return names
+
+
 def main() -> int:
-    """Serve until SIGINT/SIGTERM."""
+    """Register the deployments in the work pool, then exit."""
     configure_environment()
     if not os.environ.get("PREFECT_API_URL"):
         sys.stderr.write("PREFECT_API_URL is not set: start a server (make services) or export its URL\n")
         return 2
-    from prefect import serve
-
-    serve(*deployments(), limit=int(os.environ.get("NEXTLOC_SERVE_LIMIT", "1")))
+    register()
     return 0
 
 

@@ -12,8 +12,8 @@ BACKENDS = ("postgres", "sqlite")
 PREFECT_DB = "nextloc_prefect"
 MLFLOW_DB = "nextloc_mlflow"
 DB_USER = "nextloc"
-#: Stop order: the deployment server first, PostgreSQL last (everything else talks to it).
-SERVICE_NAMES = ("serve", "mlflow", "prefect-server", "postgres")
+#: Stop order: the worker first, PostgreSQL last (everything else talks to it).
+SERVICE_NAMES = ("worker", "mlflow", "prefect-server", "postgres")
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class Services:
     pg_port: int = field(default_factory=lambda: int(os.environ.get("NEXTLOC_PG_PORT", "5433")))
     backend: str = field(default_factory=lambda: os.environ.get("NEXTLOC_SERVICES_BACKEND", "postgres"))
     db_url: str | None = field(default_factory=lambda: os.environ.get("NEXTLOC_DB_URL") or None)
+    #: Where the Prefect server and the MLflow tracking server listen and are reached: 127.0.0.1, or this
+    #: machine's address on the team's network so that workers on other machines can join.
+    host: str = field(default_factory=lambda: os.environ.get("NEXTLOC_SERVICES_HOST", HOST))
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -41,12 +44,17 @@ class Services:
     @property
     def api_url(self) -> str:
         """The Prefect API every client needs in ``PREFECT_API_URL``."""
-        return f"http://{HOST}:{self.prefect_port}/api"
+        return f"http://{self.host}:{self.prefect_port}/api"
 
     @property
     def mlflow_url(self) -> str:
-        """The MLflow UI."""
-        return f"http://{HOST}:{self.mlflow_port}"
+        """The MLflow tracking server: the UI, the tracking URI of every client, the artifact proxy."""
+        return f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def artifacts(self) -> Path:
+        """``mlruns/artifacts``: where the tracking server's artifact proxy keeps the artifacts."""
+        return self.root / "mlruns" / "artifacts"
 
     def pid_file(self, name: str) -> Path:
         """Pid file of a service."""

@@ -78,22 +78,20 @@ def wait_http(services: Services, name: str, url: str, timeout_s: float) -> None
     )
 
 
-def wait_deployments(services: Services, timeout_s: float) -> None:
-    """Wait until the Prefect API lists the deployments the deployment server registers."""
+def wait_worker(services: Services, pool: str, timeout_s: float) -> None:
+    """Wait until the services' worker is online in the work pool ``pool``."""
     deadline = time.monotonic() + timeout_s
-    wanted = {"preprocess-train/geolife", "retrain/geolife-dumps"}
     while time.monotonic() < deadline:
-        if running_pid(services, "serve") is None:
-            raise RuntimeError(f"the deployment server exited; see {services.log_file('serve')}")
+        if running_pid(services, "worker") is None:
+            raise RuntimeError(f"the worker exited; see {services.log_file('worker')}")
         with contextlib.suppress(OSError, ValueError):
-            flows = {f["id"]: f["name"] for f in post_json(f"{services.api_url}/flows/filter")}
-            deployments = post_json(f"{services.api_url}/deployments/filter")
-            if wanted <= {f"{flows.get(d['flow_id'], '?')}/{d['name']}" for d in deployments}:
-                log.info("deployments served: %s", ", ".join(sorted(wanted)))
+            workers = post_json(f"{services.api_url}/work_pools/{pool}/workers/filter")
+            if any(w.get("status") == "ONLINE" for w in workers):
+                log.info("worker online in work pool %s", pool)
                 return
         time.sleep(1.0)
     raise RuntimeError(
-        f"deployments not registered within {timeout_s:.0f} s; see {services.log_file('serve')}"
+        f"no worker online in {pool} within {timeout_s:.0f} s; see {services.log_file('worker')}"
     )
 
 

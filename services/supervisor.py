@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 from flows import OFFLINE_DEFAULTS
-from services.layout import HOST, MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
+from flows.serve import WORK_POOL
+from services.layout import MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
 from services.postgres import ensure_databases, start_postgres
 from services.processes import (
     launch,
     running_pid,
     terminate,
-    wait_deployments,
     wait_http,
+    wait_worker,
     write_private,
 )
 
@@ -39,7 +41,7 @@ def start(services: Services, timeout_s: float = 180.0) -> None:
             PostgreSQL is wanted but its binaries or an unprivileged user to run them are missing.
     """
     services.folder.mkdir(parents=True, exist_ok=True)
-    (services.root / "mlruns" / "artifacts").mkdir(parents=True, exist_ok=True)
+    services.artifacts.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in {**os.environ, **OFFLINE_DEFAULTS}.items() if k not in _NOT_INHERITED}
     # the UI asks the API at PREFECT_UI_API_URL (default 127.0.0.1:4200): on another port it must be told
     server_env = {
@@ -52,17 +54,28 @@ def start(services: Services, timeout_s: float = 180.0) -> None:
             start_postgres(services, timeout_s)
         ensure_databases(services.server_url(), (PREFECT_DB, MLFLOW_DB), timeout_s)
         server_env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = services.database_url(PREFECT_DB, "asyncpg")
-        tracking_uri = services.database_url(MLFLOW_DB, "psycopg")
+        store_uri = services.database_url(MLFLOW_DB, "psycopg")
     else:
-        tracking_uri = f"sqlite:///{services.root.resolve() / 'mlruns' / 'mlflow.db'}"
-    client = {"tracking_uri": tracking_uri, "api_url": services.api_url, "mlflow_url": services.mlflow_url}
+        store_uri = f"sqlite:///{services.root.resolve() / 'mlruns' / 'mlflow.db'}"
+    # clients get the tracking server's URL, never the store's (which may hold the password)
+    client = {
+        "tracking_uri": services.mlflow_url,
+        "api_url": services.api_url,
+        "mlflow_url": services.mlflow_url,
+    }
     write_private(services.client_file, json.dumps(client, indent=1) + "\n")
     _launch_prefect_server(services, server_env)
-    _launch_mlflow(services, base, tracking_uri)
+    _launch_mlflow(services, base, store_uri)
     wait_http(services, "prefect-server", f"{services.api_url}/health", timeout_s)
-    _launch_deployment_server(services, base, tracking_uri)
     wait_http(services, "mlflow", f"{services.mlflow_url}/health", timeout_s)
-    wait_deployments(services, timeout_s)
+    _register_deployments(services, base, timeout_s)
+    launch(
+        services,
+        "worker",
+        [str(Path(sys.executable).parent / "nextloc"), "worker"],
+        _worker_env(services, base),
+    )
+    wait_worker(services, WORK_POOL, timeout_s)
 
 
 def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:
@@ -70,36 +83,60 @@ def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:
     launch(
         services,
         "prefect-server",
-        [prefect, "server", "start", "--host", HOST, "--port", str(services.prefect_port)],
+        [prefect, "server", "start", "--host", services.host, "--port", str(services.prefect_port)],
         env,
     )
 
 
-def _launch_mlflow(services: Services, base: dict[str, str], tracking_uri: str) -> None:
-    """``mlflow server`` over ``tracking_uri`` (in its environment, not argv: it may hold the password),
-    artifacts on disk in ``mlruns/artifacts``."""
-    artifacts = (services.root / "mlruns" / "artifacts").resolve()
+def _launch_mlflow(services: Services, base: dict[str, str], store_uri: str) -> None:
+    """``mlflow server`` over ``store_uri`` (in its environment, not argv: it may hold the password), with
+    its artifact proxy over ``mlruns/artifacts``: new experiments store artifacts at ``mlflow-artifacts:/``,
+    which clients read and write through the server."""
     mlflow = str(Path(sys.executable).parent / "mlflow")
     launch(
         services,
         "mlflow",
-        [mlflow, "server", "--default-artifact-root", str(artifacts), "--host", HOST]
-        + ["--port", str(services.mlflow_port), "--workers", "1"],
-        {**base, "MLFLOW_BACKEND_STORE_URI": tracking_uri},
+        [mlflow, "server", "--serve-artifacts", "--artifacts-destination", str(services.artifacts.resolve())]
+        + ["--host", services.host, "--port", str(services.mlflow_port), "--workers", "1"],
+        {**base, "MLFLOW_BACKEND_STORE_URI": store_uri},
     )
 
 
-def _launch_deployment_server(services: Services, base: dict[str, str], tracking_uri: str) -> None:
-    """``python -m flows.serve`` against the services' Prefect API, tracking into their MLflow store."""
-    env = {
+def _run_env(services: Services, base: dict[str, str]) -> dict[str, str]:
+    """What a client of the services needs: their Prefect API and the MLflow tracking server."""
+    return {
         **base,
         "PREFECT_API_URL": services.api_url,
-        "PREFECT_RUNNER_POLL_FREQUENCY": os.environ.get("PREFECT_RUNNER_POLL_FREQUENCY", "2"),
+        "NEXTLOC_TRACKING_URI": services.mlflow_url,
         "NEXTLOC_MLFLOW_UI_URL": services.mlflow_url,
-        "NEXTLOC_TRACKING_URI": tracking_uri,
+    }
+
+
+def _register_deployments(services: Services, base: dict[str, str], timeout_s: float) -> None:
+    """``python -m flows.serve``: the work pool, the registry lock's limit and the deployments, once."""
+    env = {
+        **_run_env(services, base),
         "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(services.root / ".prefect")),
     }
-    launch(services, "serve", [sys.executable, "-m", "flows.serve"], env)
+    with open(services.log_file("register"), "ab") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "flows.serve"],
+            cwd=services.root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"registering the deployments failed; see {services.log_file('register')}")
+
+
+def _worker_env(services: Services, base: dict[str, str]) -> dict[str, str]:
+    """The services' own worker: flow runs in their project folder, as many at once as ``$NEXTLOC_SERVE_LIMIT``."""
+    return {
+        **_run_env(services, base),
+        "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(services.root / ".prefect")),
+    }
 
 
 def client_settings(root: Path) -> dict[str, str] | None:
@@ -114,13 +151,13 @@ def client_settings(root: Path) -> dict[str, str] | None:
 
 
 def stop(services: Services, timeout_s: float = 30.0) -> list[str]:
-    """Stop the deployment server, MLflow, the Prefect server, then PostgreSQL; returns what was stopped.
+    """Stop the worker, MLflow, the Prefect server, then PostgreSQL; returns what was stopped.
 
     PostgreSQL gets a fast shutdown (SIGINT to the postmaster alone, which stops its own children); an
     external server (``$NEXTLOC_DB_URL``) is never touched.
     """
     stopped = []
-    signals = {"serve": signal.SIGINT, "mlflow": signal.SIGTERM, "prefect-server": signal.SIGTERM}
+    signals = {"worker": signal.SIGINT, "mlflow": signal.SIGTERM, "prefect-server": signal.SIGTERM}
     for name in SERVICE_NAMES:
         pid = running_pid(services, name)
         if pid is not None:
@@ -133,4 +170,4 @@ def stop(services: Services, timeout_s: float = 30.0) -> list[str]:
 
 def status(services: Services) -> dict[str, int | None]:
     """``{service: pid or None}``."""
-    return {name: running_pid(services, name) for name in ("postgres", "prefect-server", "mlflow", "serve")}
+    return {name: running_pid(services, name) for name in reversed(SERVICE_NAMES)}
