@@ -12,9 +12,12 @@ Prefect REST API, all within a second:
 While the burst runs it polls ``GET /api/health`` and ``POST /api/flow_runs/filter`` (limit 10) every
 0.25 s (bounded by ``--timeout``) and records their latencies. Then it checks: every flow run's final
 state; ``503`` / ``database is locked`` lines in every service log; every MLflow run's status; the
-``champion`` alias of every registered model. Prints one JSON object; stops the services.
+``champion`` alias of every registered model; the ``ERROR`` lines of PostgreSQL's log. Prints one JSON
+object; stops the services. ``--bursts 10`` runs ten bursts in a row, each on fresh services, and prints
+each burst's outcome and API latencies.
 
     python benchmarks/services_load.py --backend postgres
+    python benchmarks/services_load.py --backend postgres --bursts 10
     python benchmarks/services_load.py --backend sqlite
 
 Everything stays on 127.0.0.1; request count and time are bounded.
@@ -49,6 +52,10 @@ DB_ERROR = re.compile(
     r'" 503\b|status code 503|\b503 Service Unavailable|database is locked|Encountered retryable exception',
     re.IGNORECASE,
 )
+
+
+#: An error PostgreSQL logged: a statement it refused (a duplicate key: two clients inserting one row).
+PG_ERROR = re.compile(r"\b(ERROR|FATAL|PANIC):  ")
 
 
 def _free_port() -> int:
@@ -299,7 +306,8 @@ def _check_mlflow(root: Path) -> dict[str, Any]:
 
 
 def _scan_logs(root: Path) -> dict[str, Any]:
-    """Lines of every service log that show a 503 or a locked database: the first few, and counts."""
+    """Lines of every service log that show a 503 or a locked database, and the errors PostgreSQL logged:
+    the first few, and counts."""
     hits: dict[str, list[str]] = {}
     total = answered_503 = 0
     for log_file in sorted((root / ".services").glob("*.log")):
@@ -311,7 +319,49 @@ def _scan_logs(root: Path) -> dict[str, Any]:
             hits[log_file.name] = matched[:5] + (
                 [f"... {len(matched)} lines in all"] if len(matched) > 5 else []
             )
-    return {"db_error_lines": hits, "db_error_count": total, "server_503_count": answered_503}
+    pg_log = root / ".services" / "postgres.log"
+    pg_lines = pg_log.read_text(errors="replace").splitlines() if pg_log.is_file() else []
+    pg_errors = [line.strip()[:300] for line in pg_lines if PG_ERROR.search(line)]
+    return {
+        "db_error_lines": hits,
+        "db_error_count": total,
+        "server_503_count": answered_503,
+        "postgres_error_count": len(pg_errors),
+        "postgres_error_lines": pg_errors[:10],
+    }
+
+
+def _bursts(args: argparse.Namespace) -> dict[str, Any]:
+    """``--bursts N``: N bursts in a row, each on freshly started services in a fresh folder."""
+    results = []
+    for i in range(args.bursts):
+        root = Path(tempfile.mkdtemp(prefix=f"nextloc-load-{args.backend}-", dir="/tmp"))
+        root.chmod(0o755)
+        try:
+            results.append(run_load(args.backend, root, args.sample, args.runs, args.neural, args.timeout))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        CLIENT_HTTP_ERRORS.clear()
+        done = results[-1]["flow_run_states"].get("COMPLETED", 0)
+        print(f"burst {i + 1}/{args.bursts}: {done}/{args.runs + 1} completed", file=sys.stderr)
+    keep = ("flow_run_states", "burst_wall_s", "postgres_error_count", "db_error_count", "failed_runs")
+    return {
+        "backend": args.backend,
+        "bursts": len(results),
+        "all_completed": all(r["flow_run_states"] == {"COMPLETED": args.runs + 1} for r in results),
+        "postgres_error_count": sum(r.get("postgres_error_count", 0) for r in results),
+        "db_error_count": sum(r["db_error_count"] for r in results),
+        "per_burst": [
+            {
+                **{k: r.get(k) for k in keep},
+                "health_p50_ms": r["api_health_latency"]["p50_ms"],
+                "health_p95_ms": r["api_health_latency"]["p95_ms"],
+                "read_p50_ms": r["api_flow_run_read_latency"]["p50_ms"],
+                "read_p95_ms": r["api_flow_run_read_latency"]["p95_ms"],
+            }
+            for r in results
+        ],
+    }
 
 
 def main() -> int:
@@ -322,7 +372,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the burst may take")
     parser.add_argument("--sample", type=Path, default=SAMPLE)
     parser.add_argument("--keep", action="store_true", help="keep the project folder (logs) afterwards")
+    parser.add_argument("--bursts", type=int, default=1, help="bursts in a row, each on fresh services")
     args = parser.parse_args()
+    if args.bursts > 1:
+        print(json.dumps(_bursts(args), indent=1))
+        return 0
     root = Path(tempfile.mkdtemp(prefix=f"nextloc-load-{args.backend}-", dir="/tmp"))
     root.chmod(0o755)  # as root, PostgreSQL runs as the postgres user, which must reach .services/pg
     try:

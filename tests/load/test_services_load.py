@@ -57,6 +57,8 @@ def test_burst_of_deployment_runs_on_postgres(sample_dir):
     assert not result["timed_out"], failures
     assert result["flow_run_states"] == {"COMPLETED": 7}, failures
     assert result["db_error_count"] == 0, result["db_error_lines"]
+    # no client raced another into a duplicate key (experiment, tags, registered model, metrics)
+    assert result["postgres_error_count"] == 0, result["postgres_error_lines"]
     assert result["mlflow_parent_runs"] == 7
     assert result["mlflow_runs"] == 14  # a parent and a markov child per run
     assert result["mlflow_run_statuses"] == {"FINISHED": 14}
