@@ -388,7 +388,7 @@ def _cmd_services(args: argparse.Namespace) -> int:
     svc = services.Services(Path.cwd(), backend=args.backend)
     if args.action == "start":
         try:
-            services.start(svc)
+            services.start(svc, worker=args.worker)
         except RuntimeError as err:
             log.error("%s", err)
             services.stop(svc)

@@ -165,6 +165,12 @@ def _services_arguments(parser: argparse.ArgumentParser) -> None:
         help="where Prefect and MLflow keep their state (default postgres; $NEXTLOC_SERVICES_BACKEND)",
     )
     parser.add_argument(
+        "--no-worker",
+        dest="worker",
+        action="store_false",
+        help="start: no worker on this machine (flow runs wait for `nextloc worker` elsewhere)",
+    )
+    parser.add_argument(
         "--source", default=None, help="copy-store: source store URI (default sqlite:///mlruns/mlflow.db)"
     )
     parser.add_argument(

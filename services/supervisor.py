@@ -33,8 +33,9 @@ _NOT_INHERITED = (
 )
 
 
-def start(services: Services, timeout_s: float = 180.0) -> None:
-    """Start whatever is not running yet and wait until all answer.
+def start(services: Services, timeout_s: float = 180.0, worker: bool = True) -> None:
+    """Start whatever is not running yet and wait until all answer; ``worker=False`` starts no worker here
+    (flow runs then wait for ``nextloc worker`` on other machines).
 
     Raises:
         RuntimeError: if a service exits or does not answer in ``timeout_s``; its log is named. Also when
@@ -69,13 +70,10 @@ def start(services: Services, timeout_s: float = 180.0) -> None:
     wait_http(services, "prefect-server", f"{services.api_url}/health", timeout_s)
     wait_http(services, "mlflow", f"{services.mlflow_url}/health", timeout_s)
     _register_deployments(services, base, timeout_s)
-    launch(
-        services,
-        "worker",
-        [str(Path(sys.executable).parent / "nextloc"), "worker"],
-        _worker_env(services, base),
-    )
-    wait_worker(services, WORK_POOL, timeout_s)
+    if worker:
+        nextloc = str(Path(sys.executable).parent / "nextloc")
+        launch(services, "worker", [nextloc, "worker"], _worker_env(services, base))
+        wait_worker(services, WORK_POOL, timeout_s)
 
 
 def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:

@@ -100,8 +100,8 @@ def pg_services():
     finally:
         stopped = _nextloc(root, env, "services", "stop")
         assert stopped.returncode == 0, stopped.stderr
-        # the deployment server first, PostgreSQL last
-        assert "stopped: serve, mlflow, prefect-server, postgres" in stopped.stderr.replace("\n", " ")
+        # the worker first, PostgreSQL last
+        assert "stopped: worker, mlflow, prefect-server, postgres" in stopped.stderr.replace("\n", " ")
         status = _nextloc(root, env, "services", "status")
         assert "running" not in status.stdout, status.stdout
         shutil.rmtree(root, ignore_errors=True)
@@ -132,7 +132,7 @@ def test_postgres_backs_prefect_and_mlflow(pg_services):
     assert _sql(server, "postgres", "SHOW unix_socket_directories") == [("",)]
 
     # the password never appears on a command line
-    for name in ("postgres", "prefect-server", "mlflow", "serve"):
+    for name in ("postgres", "prefect-server", "mlflow", "worker"):
         pid = svc_module.running_pid(services, name)
         assert pid is not None, name
         assert password not in Path(f"/proc/{pid}/cmdline").read_text(), name
@@ -154,8 +154,13 @@ def test_postgres_backs_prefect_and_mlflow(pg_services):
         assert response.status == 200
     names = {r[0] for r in _sql(server, svc_module.MLFLOW_DB, "SELECT name FROM experiments")}
     assert "pg-check" in names
+    # clients get the tracking server, never the database (or its password); artifacts go through its proxy
     client = json.loads(services.client_file.read_text())
-    assert client["tracking_uri"] == services.database_url(svc_module.MLFLOW_DB, "psycopg")
+    assert client["tracking_uri"] == services.mlflow_url
+    assert password not in services.client_file.read_text()
+    query = "SELECT experiment_id, artifact_location FROM experiments WHERE name = 'pg-check'"
+    [(experiment_id, location)] = _sql(server, svc_module.MLFLOW_DB, query)
+    assert location == f"mlflow-artifacts:/{experiment_id}"
 
 
 def test_nextloc_run_reports_to_running_services(pg_services, monkeypatch):
@@ -169,8 +174,7 @@ def test_nextloc_run_reports_to_running_services(pg_services, monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{env['NEXTLOC_PREFECT_PORT']}/api")
     cli._report_to_services()
     uri = os.environ["NEXTLOC_TRACKING_URI"]
-    assert uri.startswith("postgresql+psycopg://nextloc:")
-    assert uri.endswith(f"@127.0.0.1:{env['NEXTLOC_PG_PORT']}/{svc_module.MLFLOW_DB}")
+    assert uri == f"http://127.0.0.1:{env['NEXTLOC_MLFLOW_PORT']}"  # the tracking server, not its database
     assert os.environ["NEXTLOC_MLFLOW_UI_URL"] == f"http://127.0.0.1:{env['NEXTLOC_MLFLOW_PORT']}"
     from tasks import tracking
 
@@ -198,8 +202,18 @@ def test_db_url_uses_an_existing_server(pg_services):
         status = _nextloc(root, env, "services", "status")
         assert "postgres        stopped" in status.stdout
         assert "prefect-server  running" in status.stdout
+        # the tracking server keeps its store on that server: an experiment made through it is a row there
         client = json.loads((root / ".services" / "client.json").read_text())
-        assert client["tracking_uri"].endswith(f":{first_env['NEXTLOC_PG_PORT']}/{svc_module.MLFLOW_DB}")
+        request = urllib.request.Request(
+            f"{client['tracking_uri']}/api/2.0/mlflow/experiments/create",
+            data=json.dumps({"name": "db-url-check"}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+        names = {r[0] for r in _sql(server, svc_module.MLFLOW_DB, "SELECT name FROM experiments")}
+        assert "db-url-check" in names
     finally:
         stopped = _nextloc(root, env, "services", "stop")
         shutil.rmtree(root, ignore_errors=True)
