@@ -80,10 +80,10 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-services: install  ## background PostgreSQL :5433, Prefect server :4200, MLflow UI :5000, deployments served (logs in .services/)
+services: install  ## background PostgreSQL :5433, Prefect server :4200, MLflow server :5000, work pool + worker (logs in .services/)
 	$(BIN)/nextloc services start
 
-services-stop:  ## stop what `make services` started (deployment server first, PostgreSQL last)
+services-stop:  ## stop what `make services` started (worker first, PostgreSQL last)
 	$(BIN)/nextloc services stop
 
 services-status:

@@ -255,7 +255,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "services": Subcommand(
         _services_arguments,
-        help="start/stop a local Prefect server, the MLflow UI and the deployments (logs in .services/)",
+        help="start/stop PostgreSQL, the Prefect server, the MLflow server, the work pool and a worker (logs in .services/)",
     ),
     "worker": Subcommand(
         _worker_arguments,
