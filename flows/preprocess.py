@@ -16,7 +16,7 @@ from pydantic import Field
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
 from nextloc.inputs import VISIT_FORMATS, InputFormat, InputSpec
-from tasks.caching import Then, cached_batch, cached_result, call_cached, outputs_current
+from tasks.caching import Then, cached_batch, call_cached, current_result
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock
 from tasks.preprocess import (
@@ -197,14 +197,12 @@ def _ingested_weight(ingested: IngestResult) -> float:
 
 
 def _ensure(task_fn: Any, *args: Any) -> Any:
-    """Run a task; if a cached result points at files that are gone, recompute it.
+    """Run a task, or reuse its cached result if the files it points at are still the ones written (a changed
+    one is named in a warning and the task runs again: :func:`tasks.caching.call_cached`).
 
-    The cache is looked up first (``call_cached``), which also clears a record a crash left unreadable.
+    The cache is looked up first, which also clears a record a crash left unreadable.
     """
-    result = call_cached(task_fn, *args)
-    if not outputs_current(result):
-        result = task_fn.with_options(refresh_cache=True)(*args)
-    return result
+    return call_cached(task_fn, *args)
 
 
 @dataclass(frozen=True)
@@ -232,7 +230,8 @@ def _run_mapped(
 ) -> tuple[list[list], list[int]]:
     """Run a per-user task (and ``then`` a second one on each result) over the calls not in the cache.
 
-    Calls whose cached result points at files that are gone run again. The calls to run go in a few
+    Calls whose cached result points at files that are gone or changed run again (a warning names the file:
+    :func:`tasks.caching.current_result`). The calls to run go in a few
     balanced batches (the step's ``weight`` estimates a call's work), four per worker of the flow's task
     runner, each one ``cached-batch`` task run that caches every call under the per-user task's own key
     (:func:`tasks.caching.cached_batch`). With ``then``, a user whose first step must run goes on to the
@@ -249,8 +248,8 @@ def _run_mapped(
     todo: list[list[int]] = [[] for _ in steps]  # [both steps (or the one), the second step alone]
     for i, item in enumerate(items):
         for k, s in enumerate(steps):
-            hit, value = cached_result(s.task, s.call(i, item if k == 0 else results[0][i]), storage)
-            if not (hit and outputs_current(value)):
+            hit, value = current_result(s.task, s.call(i, item if k == 0 else results[0][i]), storage)
+            if not hit:
                 todo[k].append(i)
                 break
             results[k][i] = value

@@ -15,7 +15,7 @@ from nextloc.metrics import HEADLINE
 from nextloc.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from nextloc.sequences import SPLITS
 from tasks import tracking
-from tasks.caching import Artifact, cached_result
+from tasks.caching import Artifact, current_result
 from tasks.catalog import Catalog, require_preprocessed
 from tasks.locking import data_dir_lock
 from tasks.progress import track
@@ -115,7 +115,7 @@ def _run_trainings(calls: list[dict[str, Any]], cache: Any) -> list[dict[str, An
     """Each call's result, in order: a cached one read back here (no worker process starts for it), the
     others trained on the flow's task runner."""
     task = train_model_task.with_options(result_storage=cache)
-    cached = [cached_result(task, call, cache) for call in calls]
+    cached = [current_result(task, call, cache) for call in calls]
     if not all(hit for hit, _ in cached):
         share_api_with_workers()
     futures = {

@@ -4,6 +4,15 @@ Prefect's ``INPUTS`` policy hashes raw inputs (pickles, paths as strings). Ours 
 really depends on: configs as canonical JSON, upstream outputs by their content fingerprint, and the
 source of the whole ``nextloc`` library, so a bug fix in a pure function invalidates every cached result
 computed with the old code.
+
+Keys are on content, not on where things are: an :class:`Artifact` is keyed by its fingerprint alone, a
+dataclass field marked ``metadata={"cache_key": False}`` (a raw folder beside its content fingerprint, the
+data directory of a :class:`~tasks.catalog.Catalog`) is left out, and a path under the data directory
+whose cache holds the result (an output location) is keyed relative to it. So the same raw data spelled
+another way, or a data directory copied elsewhere, finds its results. A result read back from a data
+directory that was moved or copied points at the files under the current one (:func:`cached_result`), and
+is reused only if each file is still the one written (:func:`current_result`: size and mtime, else the
+content's fingerprint); otherwise the call runs again and a warning names the file.
 """
 
 from __future__ import annotations
@@ -13,7 +22,8 @@ import functools
 import inspect
 import json
 import logging
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+import os
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +34,12 @@ from prefect.results import ResultStore
 from pydantic import BaseModel
 
 import nextloc
-from nextloc.fingerprint import hash_text
+from nextloc.fingerprint import hash_file, hash_text
 from nextloc.storage import atomic_path
 from tasks import compat
+from tasks.catalog import Catalog
+
+logger = logging.getLogger("nextloc.cache")
 
 
 @dataclass(frozen=True)
@@ -44,16 +57,37 @@ class Artifact:
         st = Path(path).stat()
         return cls(str(path), fingerprint, st.st_size, st.st_mtime_ns)
 
-    def is_current(self) -> bool:
-        """True if the file is still the one that was written (a cached result is reused only then).
+    def problem(self) -> str | None:
+        """None if the file is still the one that was written, else what is wrong with it.
 
-        A file that was deleted, or overwritten by a run with another configuration, fails this check.
+        Same size and mtime as written: the same file (no read). Same size, another mtime (a copied data
+        directory): the same file if its content has the fingerprint written. A file that was deleted,
+        overwritten by a run with another configuration, or corrupted fails this check.
         """
         try:
-            st = Path(self.path).stat()
+            st = os.stat(self.path)
         except FileNotFoundError:
-            return False
-        return st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
+            return "missing"
+        if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
+            return None
+        if st.st_size != self.size:
+            return "content changed"
+        try:
+            same = hash_file(Path(self.path)) == self.fingerprint
+        except OSError as err:
+            return f"unreadable: {err}"
+        return None if same else "content changed"
+
+    def is_current(self) -> bool:
+        """True if the file is still the one that was written (a cached result is reused only then)."""
+        return self.problem() is None
+
+    def restat(self) -> Artifact:
+        """This artifact with the file's stat now (itself if unchanged); for a file that passed the check."""
+        st = os.stat(self.path)
+        if (st.st_size, st.st_mtime_ns) == (self.size, self.mtime_ns):
+            return self
+        return replace(self, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
 @functools.cache
@@ -64,40 +98,66 @@ def library_fingerprint() -> str:
     return hash_text("\n".join(parts))
 
 
-def _stable(value: Any) -> Any:
+def _stable(value: Any, root: str | None = None) -> Any:
+    """``value`` as JSON-ready data that says what it is, not where (see the module docstring)."""
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, Artifact):
-        return {"artifact": value.path, "fingerprint": value.fingerprint}
+        return {"artifact": value.fingerprint}
     if is_dataclass(value) and not isinstance(value, type):
-        return _stable(asdict(value))
+        keyed = (f for f in fields(value) if f.metadata.get("cache_key", True))
+        return {f.name: _stable(getattr(value, f.name), root) for f in keyed}
     if isinstance(value, dict):
-        return {str(k): _stable(v) for k, v in value.items()}
+        return {str(k): _stable(v, root) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_stable(v) for v in value]
+        return [_stable(v, root) for v in value]
+    if isinstance(value, Path | str) and root is not None:
+        text = str(value)
+        if text == root or text.startswith(root + os.sep):
+            return "<data_dir>" + text[len(root) :]
     if isinstance(value, Path):
         return str(value)
     return value
 
 
+def _storage_path(storage: Any) -> str | None:
+    """The folder of a result storage given as a path or a local file system block, else None."""
+    if isinstance(storage, str | Path):
+        return str(storage)
+    return getattr(storage, "basepath", None) if isinstance(storage, LocalFileSystem) else None
+
+
+def _data_root(storage: str) -> str | None:
+    """The data directory whose cache ``storage`` is (resolved), or None."""
+    return _data_root_of(os.path.abspath(storage))
+
+
+@functools.lru_cache(maxsize=256)
+def _data_root_of(storage: str) -> str | None:
+    catalog = Catalog.of_cache(storage)
+    return None if catalog is None else catalog.data_dir
+
+
 @dataclass
 class ContentInputs(CachePolicy):
-    """Key = canonical JSON of the inputs (configs, fingerprints) + the library's code fingerprint."""
+    """Key = canonical JSON of the inputs (configs, fingerprints) + the library's code fingerprint.
+
+    Paths under the data directory whose cache the task's result storage is are keyed relative to it.
+    """
 
     exclude: list[str] = field(default_factory=list)
 
     def compute_key(
         self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
     ) -> str | None:
-        payload = {k: _stable(v) for k, v in (inputs or {}).items() if k not in self.exclude}
+        storage = _storage_path(getattr(getattr(task_ctx, "task", None), "result_storage", None))
+        root = _data_root(storage) if storage else None
+        payload = {k: _stable(v, root) for k, v in (inputs or {}).items() if k not in self.exclude}
         payload["__nextloc__"] = library_fingerprint()
         return hash_text(json.dumps(payload, sort_keys=True, default=str))
 
 
 CACHE_POLICY = TASK_SOURCE + ContentInputs()
-
-
-logger = logging.getLogger(__name__)
 
 
 def _store(storage: str | Path) -> ResultStore:
@@ -112,21 +172,39 @@ def cached_result(task: Any, parameters: dict[str, Any], storage: str | Path) ->
     use it to skip submitting calls that are already done: a rerun of 182 cached per-user tasks then costs
     no task runs (and no burst of state events that slows the next API call), and cached trainings start
     no worker processes. A record that cannot be read (cut short by a crash) is removed and reported as a
-    miss, so the call runs again instead of failing on it.
+    miss, so the call runs again instead of failing on it. A record written in another data directory (this
+    one moved or copied) is given with its paths under that directory moved to this one's
+    (:func:`relocated`). The files are not checked here: :func:`current_result` does.
     """
+    hit, value, _ = _lookup(task, parameters, storage)
+    return hit, value
+
+
+def _lookup(task: Any, parameters: dict[str, Any], storage: str | Path) -> tuple[bool, Any, bool]:
+    """:func:`cached_result`, and whether the record was written in another data directory."""
     key = compat.engine_cache_key(task, parameters)
     if key is None:
-        return False, None
+        return False, None, False
     store = _store(storage)
     if not store.exists(key):
-        return False, None
+        return False, None, False
     try:
-        return True, store.read(key).result
+        record = store.read(key)
     except Exception as err:  # noqa: BLE001 - any unreadable record is a miss
         logger.warning("unreadable cache record %s (%s); recomputing", key, err)
-        with contextlib.suppress(OSError):
-            (Path(storage) / key).unlink()
-        return False, None
+        _drop(storage, key)
+        return False, None, False
+    written = record.metadata.storage_key
+    then = _data_root(str(Path(written).parent)) if written and Path(written).is_absolute() else None
+    now = _data_root(str(storage))
+    if then is None or now is None or then == now:
+        return True, record.result, False
+    return True, relocated(record.result, then, now), True
+
+
+def _drop(storage: str | Path, key: str) -> None:
+    with contextlib.suppress(OSError):
+        (Path(storage) / key).unlink()
 
 
 def store_result(task: Any, parameters: dict[str, Any], storage: str | Path, value: Any) -> None:
@@ -145,21 +223,111 @@ def store_result(task: Any, parameters: dict[str, Any], storage: str | Path, val
         tmp.write_bytes(record.serialize())
 
 
-def outputs_current(result: Any) -> bool:
-    """True if every file a result points to is still the one written (see :meth:`Artifact.is_current`).
+def current_result(task: Any, parameters: dict[str, Any], storage: str | Path) -> tuple[bool, Any]:
+    """:func:`cached_result`, reused only if every file the result points at is still the one written.
 
-    Looks for :class:`Artifact` values in dataclass fields, lists, tuples and dict values; a cached result
-    whose files were deleted or overwritten is recomputed rather than reused.
+    A result with a file that is missing or whose content changed (:meth:`Artifact.problem`) is a miss: a
+    warning names the file and the call, and the record is removed (the call runs again and writes a new
+    one). A record read from a moved or copied data directory, or whose files passed on their content
+    (new mtimes), is written again as it is now, so the next lookup takes the fast path.
+    """
+    hit, value, moved = _lookup(task, parameters, storage)
+    if not hit:
+        return False, None
+    stale = stale_output(value)
+    if stale is not None:
+        logger.warning(
+            "cached output %s no longer matches what was written (%s); recomputing %s",
+            *stale,
+            _call_name(task, parameters),
+        )
+        _drop(storage, compat.engine_cache_key(task, parameters))
+        return False, None
+    fresh = _map_artifacts(value, Artifact.restat)
+    if moved or fresh is not value:
+        store_result(task, parameters, storage, fresh)
+    return True, fresh
+
+
+def _call_name(task: Any, parameters: dict[str, Any]) -> str:
+    """``task-name (its run's name)``, or the task's name where the run name cannot be formatted."""
+    run_name = getattr(task, "task_run_name", None)
+    if isinstance(run_name, str):
+        with contextlib.suppress(Exception):
+            return f"{task.name} ({run_name.format(**parameters)})"
+    return task.name
+
+
+def relocated(result: Any, then: str, now: str) -> Any:
+    """``result`` with every :class:`Artifact` path and string under the folder ``then`` moved to ``now``."""
+
+    def move(text: str) -> str:
+        return now + text[len(then) :] if text == then or text.startswith(then + os.sep) else text
+
+    def one(value: Any) -> Any:
+        if isinstance(value, Artifact):
+            path = move(value.path)
+            return value if path == value.path else replace(value, path=path)
+        if isinstance(value, str):
+            return move(value)
+        return value
+
+    return _map(result, one)
+
+
+def _map_artifacts(result: Any, fn: Any) -> Any:
+    """``result`` with ``fn`` applied to every :class:`Artifact` in it (itself if nothing changed)."""
+    return _map(result, lambda value: fn(value) if isinstance(value, Artifact) else value)
+
+
+def _map(value: Any, fn: Any) -> Any:
+    """``fn`` applied to every leaf of dataclass fields, lists, tuples and dict values; containers are new
+    only where something inside them changed (else the same object is returned)."""
+    if isinstance(value, dict):
+        items = {k: _map(v, fn) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
+    if isinstance(value, list | tuple):
+        new = [_map(v, fn) for v in value]
+        if all(a is b for a, b in zip(new, value, strict=True)):
+            return value
+        if isinstance(value, list):
+            return new
+        return type(value)(*new) if hasattr(value, "_fields") else tuple(new)  # a named tuple keeps its type
+    if _is_instance(value) and not isinstance(value, Artifact):
+        changed = {f.name: _map(getattr(value, f.name), fn) for f in fields(value) if f.init}
+        changed = {k: v for k, v in changed.items() if v is not getattr(value, k)}
+        return replace(value, **changed) if changed else value
+    return fn(value)
+
+
+def _is_instance(value: Any) -> bool:
+    """A dataclass instance (not a dataclass type)."""
+    return is_dataclass(value) and not isinstance(value, type)
+
+
+def stale_output(result: Any) -> tuple[str, str] | None:
+    """The first file a result points to that is not the one written, as ``(path, what is wrong)``, or None.
+
+    Looks for :class:`Artifact` values in dataclass fields, lists, tuples and dict values.
     """
     if isinstance(result, Artifact):
-        return result.is_current()
-    if is_dataclass(result) and not isinstance(result, type):
-        return all(outputs_current(getattr(result, f.name)) for f in fields(result))
-    if isinstance(result, dict):
-        return all(outputs_current(v) for v in result.values())
-    if isinstance(result, list | tuple):
-        return all(outputs_current(v) for v in result)
-    return True
+        problem = result.problem()
+        return None if problem is None else (result.path, problem)
+    if _is_instance(result):
+        children = (getattr(result, f.name) for f in fields(result))
+    elif isinstance(result, dict):
+        children = iter(result.values())
+    elif isinstance(result, list | tuple):
+        children = iter(result)
+    else:
+        return None
+    return next((s for s in map(stale_output, children) if s is not None), None)
+
+
+def outputs_current(result: Any) -> bool:
+    """True if every file a result points to is still the one written (see :meth:`Artifact.problem`);
+    a cached result whose files were deleted or overwritten is recomputed rather than reused."""
+    return stale_output(result) is None
 
 
 @dataclass(frozen=True)
@@ -178,8 +346,8 @@ class Then:
 
 
 def _cached_call(per_call: Any, parameters: dict[str, Any], storage: str) -> Any:
-    hit, value = cached_result(per_call, parameters, storage)
-    if not (hit and outputs_current(value)):
+    hit, value = current_result(per_call, parameters, storage)
+    if not hit:
         value = per_call.fn(**parameters)
         store_result(per_call, parameters, storage, value)
     return value
@@ -213,9 +381,10 @@ def cached_batch(
 def call_cached(task: Any, *args: Any) -> Any:
     """Call ``task`` (its ``result_storage`` set), or return its cached result without a task run.
 
-    The lookup is :func:`cached_result`'s, so a hit here is the one Prefect's engine would find; a miss
-    runs the task, which caches its result.
+    The lookup is :func:`current_result`'s: a hit whose files are still the ones written is returned; a
+    miss, or a result whose files changed (the warning names them, the record is removed), runs the task,
+    which caches its result.
     """
     parameters = dict(inspect.signature(task.fn).bind(*args).arguments)
-    hit, result = cached_result(task, parameters, task.result_storage)
+    hit, result = current_result(task, parameters, task.result_storage)
     return result if hit else task(*args)

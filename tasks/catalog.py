@@ -6,18 +6,30 @@ as in ``configs/catalog.yaml`` (documentation of this layout); the user-facing o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from nextloc.sequences import SPLITS
 
+_CACHE = ("_cache", "results")  # where the task results of a data directory are, under it
+
 
 @dataclass(frozen=True)
 class Catalog:
-    """Paths of every dataset under ``data_dir``."""
+    """Paths of every dataset under ``data_dir``.
 
-    data_dir: str
+    ``data_dir`` is where outputs go, not what they hold: cache keys leave it out (a task's outputs are
+    under the data directory whose cache holds its result; :mod:`tasks.caching`).
+    """
+
+    data_dir: str = field(metadata={"cache_key": False})
+
+    @classmethod
+    def of_cache(cls, storage: str | Path) -> Catalog | None:
+        """The catalog (its directory resolved) whose :attr:`cache` ``storage`` is, or None if it is none's."""
+        path = Path(storage).resolve()
+        return cls(str(path.parents[1])) if path.parts[-2:] == _CACHE else None
 
     @property
     def root(self) -> Path:
@@ -68,7 +80,7 @@ class Catalog:
     @property
     def cache(self) -> Path:
         """Persisted task results (the cache)."""
-        return self.root / "_cache" / "results"
+        return self.root.joinpath(*_CACHE)
 
     @property
     def raw_hash_memo(self) -> Path:

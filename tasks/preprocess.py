@@ -8,6 +8,7 @@ DataFrames, cross task boundaries, so results are small, cacheable and shippable
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ class RawUser:
     """One user folder of the raw data and the fingerprint of the files read (``n_files`` of them)."""
 
     user_id: int
-    path: str
+    path: str = field(metadata={"cache_key": False})  # where; what is in it is the fingerprint
     fingerprint: str
     n_files: int
     dropped: tuple[str, ...] = ()  # files (relative to ``path``) left out as copies of another user's
@@ -94,7 +95,7 @@ class DatasetResult:
 class RawFiles:
     """The files of a tabular or visits input and the fingerprint of their content."""
 
-    paths: list[str]
+    paths: list[str] = field(metadata={"cache_key": False})  # where; what is in them is the fingerprint
     fingerprint: str
 
 
@@ -131,7 +132,8 @@ def discover_raw_users(
     """
     logger = get_run_logger()
     gpx = input_format == "gpx"
-    users, report = list_gpx_users(Path(raw_dir)) if gpx else list_user_dirs(Path(raw_dir))
+    raw = _absolute(raw_dir)
+    users, report = list_gpx_users(raw) if gpx else list_user_dirs(raw)
     memo_path = catalog.raw_hash_memo
     memo: dict[str, list] = json.loads(memo_path.read_text()) if memo_path.exists() else {}
     files = [list_gpx_files(folder) if gpx else list_plt_files(folder) for _, folder in users]
@@ -162,6 +164,12 @@ def discover_raw_users(
     return found, {**report.to_dict(), "shared_files": shared.to_dict()}
 
 
+def _absolute(raw_dir: str) -> Path:
+    """``raw_dir`` as one spelling of it (absolute, normalised): the raw paths in reports and in the hash
+    memo are then the same whether it was given as ``data/raw``, ``./data/raw/`` or ``/abs/data/raw``."""
+    return Path(os.path.abspath(raw_dir))
+
+
 def _log_shared_files(shared: SharedFiles) -> None:
     """Warn of the user pairs holding identical files, and of the copies dropped (one line each)."""
     logger = get_run_logger()
@@ -176,10 +184,11 @@ def _log_shared_files(shared: SharedFiles) -> None:
 @task(name="discover-raw-files")
 def discover_raw_files(raw_dir: str, input_format: str, catalog: Catalog) -> RawFiles:
     """The files of a CSV, parquet or visits input (one file or a folder) and their content fingerprint."""
-    files = list_input_files(Path(raw_dir), input_format)
+    raw = _absolute(raw_dir)
+    files = list_input_files(raw, input_format)
     memo_path = catalog.raw_hash_memo
     memo: dict[str, list] = json.loads(memo_path.read_text()) if memo_path.exists() else {}
-    root = Path(raw_dir) if Path(raw_dir).is_dir() else Path(raw_dir).parent
+    root = raw if raw.is_dir() else raw.parent
     fingerprint = hash_files_memo(files, memo, root=root)
     write_json(memo, memo_path)
     get_run_logger().info("found %d %s input files under %s", len(files), input_format, raw_dir)

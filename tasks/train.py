@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +41,7 @@ ModelKind = Literal[registry.kinds()]  # type: ignore[valid-type]  (validated by
 class DataRef:
     """The preprocessed dataset a model is trained on (paths + content fingerprints)."""
 
-    data_dir: str
+    data_dir: str = field(metadata={"cache_key": False})  # where; what is in it: the artifacts
     samples: dict[str, Artifact]
     metadata: Artifact
 

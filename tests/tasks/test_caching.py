@@ -15,6 +15,7 @@ from tasks.caching import (
     cached_batch,
     cached_result,
     outputs_current,
+    relocated,
     store_result,
 )
 from tasks.runners import balanced_batches
@@ -74,6 +75,70 @@ def test_outputs_current_finds_artifacts_anywhere(tmp_path):
     path.write_text("changed size")
     assert not outputs_current(nested)
     assert outputs_current({"a": [1, 2]})
+
+
+def test_a_file_with_a_new_mtime_is_checked_on_its_content(tmp_path):
+    """Size and mtime as written: current without a read. A new mtime (a copy): current if the content has
+    the fingerprint written; other bytes of the same size, or no file, are not."""
+    import os
+
+    from nextloc.fingerprint import hash_file
+
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"abcdef")
+    art = Artifact.record(path, hash_file(path))
+    assert art.problem() is None
+    os.utime(path, ns=(art.mtime_ns + 10**9, art.mtime_ns + 10**9))
+    assert art.problem() is None
+    assert art.restat().mtime_ns == art.mtime_ns + 10**9
+    path.write_bytes(b"fedcba")
+    assert art.problem() == "content changed"
+    assert not outputs_current({"x": [art]})
+    path.unlink()
+    assert art.problem() == "missing"
+
+
+def test_keys_are_on_content_not_on_paths(tmp_path):
+    """An artifact is keyed by its fingerprint, a raw folder by its files' fingerprint, and a path under the
+    data directory whose cache holds the result relative to it."""
+    from tasks.catalog import Catalog
+    from tasks.compat import engine_cache_key
+    from tasks.preprocess import IngestResult, RawUser, generate_staypoints_user, ingest_user
+
+    def key(task, root, **params):
+        return engine_cache_key(task.with_options(result_storage=Catalog(str(root)).cache), params)
+
+    a, b = tmp_path / "a", tmp_path / "elsewhere" / "b"
+    user = RawUser(3, "/raw/Data/003", "fp", 2)
+    out = "01_positionfixes/user_id=003/part-0.parquet"
+    assert key(ingest_user, a, user=user, out_path=str(a / out)) == key(
+        ingest_user, b, user=RawUser(3, "raw/Data/003", "fp", 2), out_path=str(b / out)
+    )
+    assert key(ingest_user, a, user=user, out_path=str(a / out)) != key(
+        ingest_user, a, user=user, out_path=str(a / out.replace("003", "004"))
+    )
+    assert key(ingest_user, a, user=user, out_path=str(a / out)) != key(
+        ingest_user, a, user=RawUser(3, "/raw/Data/003", "other", 2), out_path=str(a / out)
+    )
+
+    def ingested(root, mtime):
+        return IngestResult(3, Artifact(str(root / out), "fp", 10, mtime), 5, {})
+
+    params = {"config": None, "tripleg_gap_threshold_min": 1.0}
+    assert key(generate_staypoints_user, a, ingested=ingested(a, 1), out_path=str(a / "x"), **params) == key(
+        generate_staypoints_user, b, ingested=ingested(b, 2), out_path=str(b / "x"), **params
+    )
+
+
+def test_a_result_read_from_a_moved_data_directory_points_into_the_new_one(tmp_path):
+    from tasks.preprocess import IngestResult
+
+    then, now = str(tmp_path / "old"), str(tmp_path / "new")
+    result = ([IngestResult(3, Artifact(f"{then}/01/part.parquet", "fp", 1, 2), 5, {"n": 1})], {"k": then})
+    moved = relocated(result, then, now)
+    assert moved[0][0].positionfixes == Artifact(f"{now}/01/part.parquet", "fp", 1, 2)
+    assert moved[1] == {"k": now}
+    assert relocated(result, str(tmp_path / "other"), now) is result  # nothing under it: the same object
 
 
 @pytest.mark.usefixtures("prefect_api")
