@@ -3,7 +3,7 @@
 
 ``python -m flows.serve`` (``make services`` runs it once the Prefect server is up) registers them with the
 Prefect API in ``PREFECT_API_URL``, in the process work pool ``nextloc`` (``$NEXTLOC_WORK_POOL``). Their
-flow runs go to whichever worker of the pool is free (``nextloc worker``, :mod:`flows.worker`): each runs
+flow runs go to whichever worker of the pool is free (``nextloc worker``, :mod:`services.worker`): each runs
 in its worker's project folder (the deployment's pull step changes to ``$NEXTLOC_PROJECT_DIR``, which the
 worker sets), with that folder's data, and tracks into the MLflow tracking server whose URL the deployment
 carries (``$NEXTLOC_TRACKING_URI``, an ``http://`` URL: no database password on any worker).

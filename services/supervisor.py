@@ -72,7 +72,7 @@ def start(services: Services, timeout_s: float = 180.0, worker: bool = True) -> 
     _register_deployments(services, base, timeout_s)
     if worker:
         nextloc = str(Path(sys.executable).parent / "nextloc")
-        launch(services, "worker", [nextloc, "worker"], _worker_env(services, base))
+        launch(services, "worker", [nextloc, "worker"], _run_env(services, base))
         wait_worker(services, WORK_POOL, timeout_s)
 
 
@@ -101,40 +101,30 @@ def _launch_mlflow(services: Services, base: dict[str, str], store_uri: str) -> 
 
 
 def _run_env(services: Services, base: dict[str, str]) -> dict[str, str]:
-    """What a client of the services needs: their Prefect API and the MLflow tracking server."""
+    """What a client of the services needs (the registration and the services' worker): their Prefect API,
+    the MLflow tracking server, a Prefect home of this project folder."""
     return {
         **base,
         "PREFECT_API_URL": services.api_url,
         "NEXTLOC_TRACKING_URI": services.mlflow_url,
         "NEXTLOC_MLFLOW_UI_URL": services.mlflow_url,
+        "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(services.root / ".prefect")),
     }
 
 
 def _register_deployments(services: Services, base: dict[str, str], timeout_s: float) -> None:
     """``python -m flows.serve``: the work pool, the registry lock's limit and the deployments, once."""
-    env = {
-        **_run_env(services, base),
-        "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(services.root / ".prefect")),
-    }
     with open(services.log_file("register"), "ab") as out:
         done = subprocess.run(
             [sys.executable, "-m", "flows.serve"],
             cwd=services.root,
-            env=env,
+            env=_run_env(services, base),
             stdout=out,
             stderr=subprocess.STDOUT,
             timeout=timeout_s,
         )
     if done.returncode != 0:
         raise RuntimeError(f"registering the deployments failed; see {services.log_file('register')}")
-
-
-def _worker_env(services: Services, base: dict[str, str]) -> dict[str, str]:
-    """The services' own worker: flow runs in their project folder, as many at once as ``$NEXTLOC_SERVE_LIMIT``."""
-    return {
-        **_run_env(services, base),
-        "PREFECT_HOME": os.environ.get("PREFECT_HOME", str(services.root / ".prefect")),
-    }
 
 
 def client_settings(root: Path) -> dict[str, str] | None:

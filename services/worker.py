@@ -36,22 +36,16 @@ def worker_name(project: Path) -> str:
 def worker_command(pool: str, limit: int, name: str) -> list[str]:
     """The ``prefect worker start`` command line of a process worker of ``pool``."""
     prefect = str(Path(sys.executable).parent / "prefect")
-    return [prefect, "worker", "start", "--pool", pool, "--type", "process", "--limit", str(limit)] + [
-        "--name",
-        name,
+    return [prefect, "worker", "start", "--pool", pool, "--type", "process"] + [
+        *("--limit", str(limit), "--name", name)
     ]
 
 
-def worker_env(project: Path, api_url: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The worker's environment: the services' API, this project folder, offline telemetry defaults."""
-    env = {**(os.environ if base is None else base), **OFFLINE_DEFAULTS}
-    env.update(
-        {
-            "PREFECT_API_URL": api_url,
-            "NEXTLOC_PROJECT_DIR": str(project.resolve()),
-            "PREFECT_WORKER_QUERY_SECONDS": env.get("PREFECT_WORKER_QUERY_SECONDS", POLL_SECONDS),
-        }
-    )
+def worker_env(project: Path, api_url: str) -> dict[str, str]:
+    """The worker's environment: this process's, the services' API, this project folder, offline defaults."""
+    env = {**os.environ, **OFFLINE_DEFAULTS, "PREFECT_API_URL": api_url}
+    env["NEXTLOC_PROJECT_DIR"] = str(project.resolve())
+    env.setdefault("PREFECT_WORKER_QUERY_SECONDS", POLL_SECONDS)
     return env
 
 
