@@ -95,12 +95,12 @@ def wait_worker(services: Services, pool: str, timeout_s: float) -> None:
     )
 
 
-def post_json(url: str) -> list[dict]:
-    """POST ``{}`` to a Prefect API filter endpoint; the decoded answer."""
+def post_json(url: str, body: dict | None = None, timeout_s: float = 5.0) -> Any:
+    """POST ``body`` (default ``{}``, as a Prefect API filter endpoint takes it) as JSON; the decoded answer."""
     request = urllib.request.Request(
-        url, data=b"{}", headers={"Content-Type": "application/json"}, method="POST"
+        url, data=json.dumps(body or {}).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
-    with urllib.request.urlopen(request, timeout=5) as response:
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return json.loads(response.read())
 
 

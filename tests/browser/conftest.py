@@ -8,6 +8,7 @@ asked for a driver, so nothing is downloaded. Screenshots go to ``test-artifacts
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -25,6 +26,9 @@ from pathlib import Path
 import pytest
 
 from flows import OFFLINE_DEFAULTS
+from services.processes import post_json
+
+_post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -165,14 +169,6 @@ def stack(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     finally:
         for server in reversed(servers):
             _stop(server)
-
-
-def _post(url: str, body: dict) -> dict | list:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
 
 
 def _experiment_id(mlflow_url: str) -> str:

@@ -11,6 +11,7 @@ from the champion. The services' and workers' logs go to ``test-artifacts/`` (gi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -20,12 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import services as svc_module
+from services.processes import post_json
+
+_post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -37,14 +40,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict | list:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
 
 
 def _folder(prefix: str) -> Path:

@@ -9,6 +9,7 @@ store checked through the MLflow server's REST API: parent and child runs, the r
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -22,6 +23,9 @@ from pathlib import Path
 import pytest
 
 import services as services_module
+from services.processes import post_json
+
+_post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -31,14 +35,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
 
 
 def _deployment_run(root: Path, env: dict[str, str], *params: str, watch_timeout: int = 600):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import services as svc_module
+from services.processes import post_json
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -137,21 +138,15 @@ def test_postgres_backs_prefect_and_mlflow(pg_services):
         assert pid is not None, name
         assert password not in Path(f"/proc/{pid}/cmdline").read_text(), name
 
-    # Prefect keeps its state in PostgreSQL: the served deployments are rows of nextloc_prefect
+    # Prefect keeps its state in PostgreSQL: the registered deployments are rows of nextloc_prefect
     deployments = {r[0] for r in _sql(server, svc_module.PREFECT_DB, "SELECT name FROM deployment")}
     assert {"geolife", "geolife-dumps"} <= deployments
     with urllib.request.urlopen(f"{services.api_url}/health", timeout=30) as response:
         assert response.status == 200
 
     # MLflow's tracking store is nextloc_mlflow: an experiment made through the UI's server is a row there
-    request = urllib.request.Request(
-        f"{services.mlflow_url}/api/2.0/mlflow/experiments/create",
-        data=json.dumps({"name": "pg-check"}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200
+    created = post_json(f"{services.mlflow_url}/api/2.0/mlflow/experiments/create", {"name": "pg-check"}, 30)
+    assert created["experiment_id"]
     names = {r[0] for r in _sql(server, svc_module.MLFLOW_DB, "SELECT name FROM experiments")}
     assert "pg-check" in names
     # clients get the tracking server, never the database (or its password); artifacts go through its proxy
@@ -204,14 +199,10 @@ def test_db_url_uses_an_existing_server(pg_services):
         assert "prefect-server  running" in status.stdout
         # the tracking server keeps its store on that server: an experiment made through it is a row there
         client = json.loads((root / ".services" / "client.json").read_text())
-        request = urllib.request.Request(
-            f"{client['tracking_uri']}/api/2.0/mlflow/experiments/create",
-            data=json.dumps({"name": "db-url-check"}).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
+        created = post_json(
+            f"{client['tracking_uri']}/api/2.0/mlflow/experiments/create", {"name": "db-url-check"}, 30
         )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.status == 200
+        assert created["experiment_id"]
         names = {r[0] for r in _sql(server, svc_module.MLFLOW_DB, "SELECT name FROM experiments")}
         assert "db-url-check" in names
     finally:
