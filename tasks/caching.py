@@ -112,12 +112,17 @@ def _stable(value: Any, root: str | None = None) -> Any:
     if isinstance(value, list | tuple):
         return [_stable(v, root) for v in value]
     if isinstance(value, Path | str) and root is not None:
-        text = str(value)
-        if text == root or text.startswith(root + os.sep):
-            return "<data_dir>" + text[len(root) :]
+        rest = _under(str(value), root)
+        if rest is not None:
+            return "<data_dir>" + rest
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+def _under(text: str, folder: str) -> str | None:
+    """What follows ``folder`` in the path ``text`` (``""`` for the folder itself), or None if it is not in it."""
+    return text[len(folder) :] if text == folder or text.startswith(folder + os.sep) else None
 
 
 def _storage_path(storage: Any) -> str | None:
@@ -262,7 +267,8 @@ def relocated(result: Any, then: str, now: str) -> Any:
     """``result`` with every :class:`Artifact` path and string under the folder ``then`` moved to ``now``."""
 
     def move(text: str) -> str:
-        return now + text[len(then) :] if text == then or text.startswith(then + os.sep) else text
+        rest = _under(text, then)
+        return text if rest is None else now + rest
 
     def one(value: Any) -> Any:
         if isinstance(value, Artifact):
