@@ -1,7 +1,7 @@
 """The ``nextloc`` command: runs the Prefect flows with embedded defaults.
 
-Defaults make a bare machine work: a temporary local Prefect API (:mod:`flows.local_api`) with its state
-under ``./.prefect``, telemetry off, and library logs routed into the flow-run logs. Every preprocessing
+Defaults make a bare machine work: the project's local Prefect API (:mod:`services.local_api`), started by
+the first command and shared by the next ones, with its state under ``./.prefect``, telemetry off, and library logs routed into the flow-run logs. Every preprocessing
 config key is also a command-line option (``--locations.epsilon_m 50``), and ``--set key=value`` takes
 any of them.
 """
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from flows import OFFLINE_DEFAULTS, local_api
+from flows import OFFLINE_DEFAULTS
 from flows.cli_args import (
     SUBCOMMANDS,
     check_raw_dir,
@@ -25,6 +25,7 @@ from flows.cli_args import (
     input_options,
     parse_value,
 )
+from services import local_api
 from tasks import compat
 
 log = logging.getLogger("nextloc.cli")
@@ -135,7 +136,7 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     if not inputs["raw_dir"]:
         raise ValueError("--raw-dir is required (or a --dataset profile naming its raw_dir)")
     check_raw_dir(inputs["raw_dir"])
-    local_api.start_if_needed()  # the arguments are valid: the API boots while the flow imports
+    local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
     from flows.preprocess import preprocess
     from tasks.progress import quiet_task_runs_on_console
 
@@ -152,7 +153,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args, profile)
     check_raw_dir(inputs["raw_dir"])
     models, seeds, model_set, train_set = _train_plan(args)
-    local_api.start_if_needed()  # the arguments are valid: the API boots while the flows import
+    local_api.start_if_needed()  # the arguments are valid: a new API boots while the flows import
     neural = _neural(models)
     from flows.pipeline import preprocess_train, profile_parameters
     from nextloc.profiles import DatasetProfile
@@ -223,7 +224,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     models, seeds, model_set, train_set = _train_plan(args)
     require_preprocessed(args.data_dir)  # before the API starts, not in the flow
-    local_api.start_if_needed()  # the arguments are valid: the API boots while the flow imports
+    local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
     neural = _neural(models)
     from flows.train import train
     from tasks.progress import quiet_task_runs_on_console
@@ -399,12 +400,18 @@ def _cmd_services(args: argparse.Namespace) -> int:
             "prefect deployment run preprocess-train/geolife --watch\n"
         )
     elif args.action == "stop":
-        log.info("stopped: %s", ", ".join(services.stop(svc)) or "nothing was running")
+        stopped = services.stop(svc)
+        if local_api.stop_server(local_api.prefect_home()) is not None:
+            stopped.append("local Prefect API")
+        log.info("stopped: %s", ", ".join(stopped) or "nothing was running")
     elif args.action == "copy-store":
         return _copy_store(svc, args.source, args.target)
     else:
         for name, pid in services.status(svc).items():
             sys.stdout.write(f"{name:15s} {'running, pid ' + str(pid) if pid else 'stopped'}\n")
+        api = local_api.running(local_api.prefect_home())
+        state = f"running, pid {api.pid}, UI {api.ui_url}" if api else "stopped (the next command starts it)"
+        sys.stdout.write(f"{'local API':15s} {state}\n")
     return 0
 
 

@@ -20,6 +20,7 @@ from nextloc.inputs import INPUT_FORMATS
 from nextloc.rawdata import DEFAULT_RAW_DIR
 from nextloc.synth import SYNTH_FORMATS
 from nextloc.trackintel_io import TRACKINTEL_FORMATS
+from services.layout import WORK_POOL
 
 DEFAULT_DATA_DIR = "data/geolife"
 
@@ -202,9 +203,7 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=int(os.environ.get("NEXTLOC_SERVE_LIMIT", "1")),
         help="flow runs this worker takes at once (default 1; $NEXTLOC_SERVE_LIMIT)",
     )
-    parser.add_argument(
-        "--pool", default=os.environ.get("NEXTLOC_WORK_POOL", "nextloc"), help="work pool (default nextloc)"
-    )
+    parser.add_argument("--pool", default=WORK_POOL, help="work pool (default nextloc)")
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {

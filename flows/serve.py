@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 
 from flows.cli import configure_environment
+from services.layout import WORK_POOL
 
 RETRAIN_CRON = os.environ.get("NEXTLOC_RETRAIN_CRON", "17 * * * *")
-WORK_POOL = os.environ.get("NEXTLOC_WORK_POOL", "nextloc")
 #: The deployments' pull step: a flow run starts in its worker's project folder (set by ``nextloc worker``).
 PROJECT_DIR_STEP = {
     "prefect.deployments.steps.set_working_directory": {"directory": "{{ $NEXTLOC_PROJECT_DIR }}"}

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+STALL_S = 15  # seconds: a Prefect API request slower than this is a stall
+ARTIFACTS = REPO / "test-artifacts"
 
 # Isolated Prefect state for the whole session, set before anything imports prefect.
 _PREFECT_HOME = tempfile.mkdtemp(prefix="nextloc-prefect-")
@@ -32,6 +34,11 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "nextloc")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 os.environ.pop("PREFECT_API_URL", None)
+# A stalled request fails the test that met it instead of waiting out Prefect's 60 s default (the client
+# still retries a 503 at once: SQLite's "database is locked" is no stall), and local APIs that tests
+# start (each CLI command's PREFECT_HOME has one) go soon once their tests are done.
+os.environ.setdefault("PREFECT_API_REQUEST_TIMEOUT", str(STALL_S))
+os.environ.setdefault("NEXTLOC_LOCAL_API_IDLE_S", "120")
 
 
 def require_data(path: Path, what: str) -> Path:
@@ -152,11 +159,75 @@ def full_archive() -> Path:
 
 @pytest.fixture(scope="session")
 def prefect_api():
-    """A real, temporary Prefect API (ephemeral server on 127.0.0.1) for flow tests."""
-    from prefect.testing.utilities import prefect_test_harness
+    """The session's local Prefect API (:mod:`services.local_api` in the session's ``PREFECT_HOME``, on
+    127.0.0.1), the one the ``nextloc`` commands the tests run also use; stopped at the session's end."""
+    from prefect.settings import temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+    from services import local_api
+
+    api = local_api.attach_or_start(local_api.prefect_home())
+    try:
+        api.wait(180)
+        with temporary_settings(
+            updates={"api.url": api.url, "ui_url": "", "flows.heartbeat_frequency": None}
+        ):
+            yield api
+    finally:
+        api.release()
+
+
+@pytest.fixture(autouse=True)
+def no_stalled_request(request):
+    """Fail the test during which the session's local Prefect API logged a request slower than ``STALL_S``
+    (its log is kept under ``test-artifacts/``)."""
+    log_path = Path(_PREFECT_HOME) / "nextloc-api.log"
+    start = log_path.stat().st_size if log_path.exists() else 0
+    yield
+    stalls = _stalls(log_path, start)
+    if stalls:
+        kept = _keep_log(log_path, request.node.name)
+        pytest.fail(f"the local Prefect API stalled: {stalls}; its log: {kept}")
+
+
+def _stalls(log_path: Path, start: int) -> list[str]:
+    import re
+
+    if not log_path.exists():
+        return []
+    with open(log_path, errors="replace") as log:
+        log.seek(start)
+        lines = log.read().splitlines()
+    pattern = re.compile(r"slow request: .* took ([0-9.]+) s")
+    return [line for line in lines if (m := pattern.search(line)) and float(m.group(1)) > STALL_S]
+
+
+def _keep_log(log_path: Path, name: str) -> Path:
+    import shutil
+
+    target = ARTIFACTS / "local-api" / f"{name}.log"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(log_path, target)
+    return target
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stop_local_apis(tmp_path_factory):
+    """At the session's end, stop every local Prefect API its tests started (the session's own and those
+    of commands run with another ``PREFECT_HOME`` under the session's temporary folders)."""
+    yield
+    from services import local_api
+
+    stalls = []
+    for root in {Path(_PREFECT_HOME), tmp_path_factory.getbasetemp()}:
+        for folder, _dirs, files in os.walk(root):
+            if local_api.RECORD in files:
+                local_api.stop_server(Path(folder))
+            if local_api.LOG in files and (found := _stalls(Path(folder) / local_api.LOG, 0)):
+                stalls.append(
+                    f"{found} (log kept: {_keep_log(Path(folder) / local_api.LOG, Path(folder).name)})"
+                )
+    if stalls:
+        pytest.fail(f"a local Prefect API stalled: {stalls}")
 
 
 def read_task_states(flow_run_id, expected: int | None = None) -> dict[str, str]:
