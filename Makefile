@@ -67,7 +67,7 @@ raw-data:  ## unpack a local GeoLife archive into data/raw/geolife, if the job w
 
 test: install  ## lint + the whole test suite (full-data tests run when ../shared has the GeoLife archive)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"

@@ -212,7 +212,9 @@ def _free_port(preferred: int | None) -> int:
         if port is None:
             continue
         with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no owner
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+            )  # as uvicorn binds: TIME_WAIT is no owner
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:

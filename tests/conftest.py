@@ -176,6 +176,20 @@ def prefect_api():
         api.release()
 
 
+#: What routes a command to a server: a test that runs ``nextloc`` in-process (``flows.cli.main``) may set
+#: them for the process, as the command does; the next test starts without them.
+ROUTING_ENV = ("NEXTLOC_", "MLFLOW_", "PREFECT_API_URL", "PREFECT_UI_URL")
+
+
+@pytest.fixture(autouse=True)
+def restore_routing_env():
+    saved = {k: v for k, v in os.environ.items() if k.startswith(ROUTING_ENV)}
+    yield
+    for key in [k for k in os.environ if k.startswith(ROUTING_ENV) and k not in saved]:
+        del os.environ[key]
+    os.environ.update(saved)
+
+
 @pytest.fixture(autouse=True)
 def no_stalled_request(request):
     """Fail the test during which the session's local Prefect API logged a request slower than ``STALL_S``
