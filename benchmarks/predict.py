@@ -7,6 +7,12 @@ prints JSON. Time the command itself with::
 
     python benchmarks/predict.py --data-dir data/geolife --out /tmp/many_users.parquet --write-only
     time nextloc predict --model pointer_plus --history /tmp/many_users.parquet > /tmp/answers.json
+
+``--cold`` times one answer from a cold process instead: ``nextloc predict`` for one week of one user's
+visits (``--user``, default 153), ``--repeats`` times (median; one unmeasured run first writes the bytecode
+caches). ``--serve`` times ``nextloc serve``: ``--requests`` POSTs of the same week, one after another (p50,
+p95). ``--source DIR`` runs the command from another checkout of the code (the numbers before a change), with
+this store and data. Both modes print JSON.
 """
 
 from __future__ import annotations
@@ -61,7 +67,18 @@ def main() -> None:
     parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--experiment", default="nextloc-geolife")
     parser.add_argument("--write-only", action="store_true")
+    parser.add_argument("--cold", action="store_true", help="time `nextloc predict` from a cold process")
+    parser.add_argument("--serve", action="store_true", help="time requests to `nextloc serve`")
+    parser.add_argument("--user", type=int, default=153)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--source", type=Path, default=Path(__file__).resolve().parents[1])
     args = parser.parse_args()
+    if args.cold or args.serve:
+        from predict_latency import latency_report  # beside this file
+
+        print(json.dumps(latency_report(args)))
+        return
 
     visits = many_histories(args.data_dir, args.n)
     visits.to_parquet(args.out, index=False)
