@@ -89,7 +89,7 @@ def generate_staypoints(
         t, lat, lon, elev = t[keep], lat[keep], lon[keep], elev[keep]
     n_dup = n_total - len(t)
 
-    from nextloc.staypoint_kernels import sliding, tripleg_extent  # numba: only for positionfixes
+    from nextloc.staypoint_kernels import sliding  # numba: only for positionfixes
 
     starts, geom_ends, finishes = sliding(
         t,
@@ -116,10 +116,7 @@ def generate_staypoints(
             "n_pfs": (geom_ends - starts).astype(np.int32),
         }
     )
-    in_sp = np.zeros(len(t), dtype=np.bool_)
-    for s, e in zip(starts, geom_ends, strict=True):
-        in_sp[s:e] = True
-    tpl_lo, tpl_hi = tripleg_extent(t, lon, lat, in_sp, int(round(tripleg_gap_threshold_min * _NS_PER_MIN)))
+    tpl_lo, tpl_hi = _tripleg_bounds(t, lon, lat, starts, geom_ends, tripleg_gap_threshold_min)
     return UserStaypoints(
         user_id=user_id,
         staypoints=staypoints,
@@ -154,6 +151,18 @@ def _validate(positionfixes: pd.DataFrame) -> None:
     tz = getattr(positionfixes["tracked_at"].dtype, "tz", None)
     if tz is None:
         raise ValueError("positionfixes 'tracked_at' must be timezone-aware (UTC)")
+
+
+def _tripleg_bounds(
+    t: np.ndarray, lon: np.ndarray, lat: np.ndarray, starts: np.ndarray, ends: np.ndarray, gap_min: float
+) -> tuple[int, int]:
+    """The first and last time of the user's triplegs (the fixes outside staypoints); -1 without one."""
+    from nextloc.staypoint_kernels import tripleg_extent
+
+    in_sp = np.zeros(len(t), dtype=np.bool_)
+    for s, e in zip(starts, ends, strict=True):
+        in_sp[s:e] = True
+    return tripleg_extent(t, lon, lat, in_sp, int(round(gap_min * _NS_PER_MIN)))
 
 
 def _first_occurrences(t: np.ndarray, lat: np.ndarray, lon: np.ndarray, elev: np.ndarray) -> np.ndarray:
