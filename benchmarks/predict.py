@@ -8,13 +8,14 @@ prints JSON. Time the command itself with::
     python benchmarks/predict.py --data-dir data/geolife --out /tmp/many_users.parquet --write-only
     time nextloc predict --model pointer_plus --history /tmp/many_users.parquet > /tmp/answers.json
 
-``--cold`` times one answer from a cold process instead (from a separate process per run; commands run with
-bytecode caches on: the environment's ``PYTHONDONTWRITEBYTECODE`` is dropped, an installed package has its
-``.pyc``): ``nextloc predict`` for one week of one user's
-visits (``--user``, default 153), ``--repeats`` times (median; one unmeasured run first writes the bytecode
-caches). ``--serve`` times ``nextloc serve``: ``--requests`` POSTs of the same week, one after another (p50,
-p95). ``--source DIR`` runs the command from another checkout of the code (the numbers before a change), with
-this store and data. Both modes print JSON.
+``--cold`` times one answer from a cold process instead: ``nextloc predict`` for one week of one user's
+visits (``--user``, default 153), ``--repeats`` fresh processes (median; one unmeasured run first writes the
+bytecode caches, and the environment's ``PYTHONDONTWRITEBYTECODE`` is dropped: an installed package has its
+``.pyc``). ``--serve`` times ``nextloc serve``: ``--requests`` POSTs of the same week, one after another
+(p50, p95). ``--source DIR`` runs the commands from another checkout of the code (the numbers before a
+change) against this store and data. Both print JSON::
+
+    python benchmarks/predict.py --model ranker --cold --serve --source /tmp/nextloc-before
 """
 
 from __future__ import annotations
