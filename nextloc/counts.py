@@ -9,10 +9,42 @@ request without keeping the past visits themselves.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 SNAPSHOT_COLUMNS = ("key", "count", "total", "last")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot (:data:`SNAPSHOT_COLUMNS`) as arrays sorted by key: read by binary search, so that a base
+    is converted once (when a model is loaded), not at every request."""
+
+    key: np.ndarray  # int64, ascending
+    count: np.ndarray  # float64
+    total: np.ndarray  # float64
+    last: np.ndarray  # float64 (NaN: not kept)
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame | None) -> Snapshot:
+        """From a snapshot DataFrame (any row order; None: empty)."""
+        if frame is None:
+            return cls(*(np.zeros(0, dtype=np.int64 if c == "key" else np.float64) for c in SNAPSHOT_COLUMNS))
+        keys = frame["key"].to_numpy(np.int64)
+        order = np.argsort(keys, kind="stable")
+        return cls(keys[order], *(frame[c].to_numpy(np.float64)[order] for c in SNAPSHOT_COLUMNS[1:]))
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({c: getattr(self, c) for c in SNAPSHOT_COLUMNS})
+
+    def lookup(self, keys: np.ndarray, column: str, missing: float) -> np.ndarray:
+        """``(N,)`` float64: ``column`` of each key (``missing`` where the snapshot has no such key)."""
+        if not len(self.key):
+            return np.full(len(keys), missing)
+        pos = np.minimum(np.searchsorted(self.key, keys), len(self.key) - 1)
+        return np.where(self.key[pos] == keys, getattr(self, column)[pos], missing)
 
 
 class EventCounts:
@@ -30,7 +62,7 @@ class EventCounts:
         keys: np.ndarray,
         times: np.ndarray,
         values: np.ndarray | None = None,
-        base: pd.DataFrame | None = None,
+        base: pd.DataFrame | Snapshot | None = None,
     ) -> None:
         times = np.asarray(times, dtype=np.int64)
         self.t0 = int(times.min()) if len(times) else 0
@@ -42,10 +74,7 @@ class EventCounts:
         self.times = times[order]
         weights = np.zeros(len(times)) if values is None else np.asarray(values, dtype=np.float64)[order]
         self.cumsum = np.concatenate([[0.0], np.cumsum(weights)])
-        empty = pd.DataFrame(
-            {c: np.zeros(0, dtype=np.int64 if c == "key" else np.float64) for c in SNAPSHOT_COLUMNS}
-        )
-        self.base = (empty if base is None else base).sort_values("key", kind="stable").reset_index(drop=True)
+        self.base = base if isinstance(base, Snapshot) else Snapshot.from_frame(base)
 
     def _bounds(self, keys: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keys = np.asarray(keys, dtype=np.int64)
@@ -60,11 +89,7 @@ class EventCounts:
         return lo, np.where(found, hi, lo)
 
     def _base(self, keys: np.ndarray, column: str, missing: float) -> np.ndarray:
-        base_keys = self.base["key"].to_numpy(np.int64)
-        if not len(base_keys):
-            return np.full(len(keys), missing)
-        pos = np.minimum(np.searchsorted(base_keys, keys), len(base_keys) - 1)
-        return np.where(base_keys[pos] == keys, self.base[column].to_numpy(np.float64)[pos], missing)
+        return self.base.lookup(np.asarray(keys, dtype=np.int64), column, missing)
 
     def count(self, keys: np.ndarray, times: np.ndarray, cutoff: np.ndarray | None = None) -> np.ndarray:
         """``(N,)`` float64: events of each key that started strictly before its time, plus the base's.
@@ -108,7 +133,7 @@ class EventCounts:
                 "last": self.times.astype(np.float64),
             }
         )
-        both = pd.concat([self.base, events], ignore_index=True) if len(self.base) else events
+        both = pd.concat([self.base.frame(), events], ignore_index=True) if len(self.base.key) else events
         out = both.groupby("key", sort=True).agg(
             count=("count", "sum"), total=("total", "sum"), last=("last", "max")
         )

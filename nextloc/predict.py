@@ -121,19 +121,7 @@ def _answers(
     probs: np.ndarray,
     p_new: Sequence[np.ndarray],
 ) -> list[dict[str, Any]]:
-    places = bundle.locations.set_index("loc_index") if bundle.locations is not None else None
-    details: dict[int, dict[str, Any]] = {}
-    if places is not None:
-        wanted = np.unique(ranked)
-        found = places.reindex(wanted)
-        for loc, row in zip(wanted.tolist(), found.itertuples(), strict=True):
-            if row.latitude == row.latitude:  # a location the vocabulary knows
-                details[loc] = {
-                    "latitude": round(float(row.latitude), 6),
-                    "longitude": round(float(row.longitude), 6),
-                    # visits the model learnt from (bundles written before that column: all staypoints)
-                    "n_visits": int(getattr(row, "n_train_visits", row.n_staypoints)),
-                }
+    details = _place_details(bundle.locations, np.unique(ranked))
     p_new_all = np.concatenate(p_new) if p_new else None
     records = meta.to_dict(orient="records")
     answers = []
@@ -152,6 +140,29 @@ def _answers(
         ]
         answers.append(answer)
     return answers
+
+
+def _place_details(locations: pd.DataFrame | None, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
+    """Centre and training visits of each wanted location the vocabulary knows (by ``loc_index``)."""
+    if locations is None or not len(locations):
+        return {}
+    index = locations["loc_index"].to_numpy(np.int64)
+    order = np.argsort(index, kind="stable")
+    pos = np.minimum(np.searchsorted(index[order], wanted), len(index) - 1)
+    rows = order[pos]
+    lat = locations["latitude"].to_numpy(np.float64)
+    lon = locations["longitude"].to_numpy(np.float64)
+    # visits the model learnt from (bundles written before that column: all staypoints)
+    counts = locations["n_train_visits" if "n_train_visits" in locations else "n_staypoints"].to_numpy()
+    details = {}
+    for loc, row, found in zip(wanted.tolist(), rows.tolist(), index[rows] == wanted, strict=True):
+        if found and lat[row] == lat[row]:  # a location the vocabulary knows
+            details[loc] = {
+                "latitude": round(float(lat[row]), 6),
+                "longitude": round(float(lon[row]), 6),
+                "n_visits": int(counts[row]),
+            }
+    return details
 
 
 def example_visits(staypoints: pd.DataFrame, locations: pd.DataFrame, n: int = 6) -> pd.DataFrame:

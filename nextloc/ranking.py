@@ -34,6 +34,7 @@ from nextloc.routine import (
     queries_for_targets,
     wall_minutes,
 )
+from nextloc.routine_profile import StoredProfile
 from nextloc.sequences import FIRST_PLACE
 from nextloc.vocabulary import place_centres, place_popularity
 
@@ -318,7 +319,7 @@ class RoutineAnswerer:
     """
 
     model: CandidateScorer
-    profile: pd.DataFrame
+    profile: StoredProfile
     num_places: int
     centres: np.ndarray
     popularity: np.ndarray
@@ -341,9 +342,9 @@ class RoutineAnswerer:
         n = len(users)
         users = np.asarray(users, dtype=np.int64)
         first_of_user = ~pd.Series(users).duplicated().to_numpy()
-        known = set(self.profile.loc[self.profile["index"] == "user", "key"].tolist())
-        in_profile = first_of_user & np.isin(users, list(known))
-        fresh = int(max(known | {int(users.max()) if n else 0})) + 1
+        known = self.profile.users
+        in_profile = first_of_user & np.isin(users, known)
+        fresh = int(max(int(known.max()) if len(known) else 0, int(users.max()) if n else 0)) + 1
         routine_user = np.where(in_profile, users, fresh + np.arange(n))
         frame = pd.DataFrame(
             {

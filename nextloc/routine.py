@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from nextloc.counts import EventCounts, composite_key
+from nextloc.routine_profile import StoredProfile
 from nextloc.sequences import FIRST_PLACE, UNSEEN
 
 MINUTES_PER_DAY = 1440
@@ -293,30 +294,22 @@ class Routine:
         log: VisitLog,
         num_places: int,
         centres: np.ndarray | None = None,
-        profile: pd.DataFrame | None = None,
+        profile: pd.DataFrame | StoredProfile | None = None,
     ) -> None:
         self.log = log
         self.num_places = int(num_places)
         self.centres = centres
-        known = None
-        self.profile_end: pd.Series | None = None  # user -> start of the profile's last visit
-        if profile is not None:
-            places = profile.loc[profile["index"] == "place", "key"].to_numpy(np.int64)
-            user, place = places // self.num_places, places % self.num_places
-            known = (user * (1 << 32) + place)[place >= FIRST_PLACE]
-            users = profile.loc[profile["index"] == "user"]
-            self.profile_end = pd.Series(
-                users["last"].to_numpy(np.float64), index=users["key"].to_numpy(np.int64)
-            )
-        events = _events(log, known)
+        stored = StoredProfile.from_frame(profile) if isinstance(profile, pd.DataFrame) else profile
+        self.stored = stored
+        events = _events(log, stored.known_pairs(self.num_places) if stored is not None else None)
         self.counts: dict[str, EventCounts] = {}
         for name, (kind, columns, value, _) in INDEXES.items():
             fields, times = events[kind]
             base = None
-            if profile is not None:
-                base = profile.loc[profile["index"] == name].drop(columns="index")
+            if stored is not None:
+                base = stored.base(name)
                 if "u" not in columns:  # an index over every user: add only what the profile did not count
-                    new = times > self._profile_end_of(fields["u"])
+                    new = times > stored.end_of(fields["u"])
                     fields, times = {c: v[new] for c, v in fields.items()}, times[new]
             values = fields[value] if value else None
             self.counts[name] = EventCounts(
@@ -337,14 +330,9 @@ class Routine:
     def _cutoff(self, columns: dict[str, np.ndarray]) -> np.ndarray | None:
         """Per row, the time before which the user's visits are in the profile already (None: no profile,
         or an index over every user, which holds only what the profile did not count)."""
-        if self.profile_end is None or "u" not in columns:
+        if self.stored is None or "u" not in columns:
             return None
-        return self._profile_end_of(columns["u"]) + 1
-
-    def _profile_end_of(self, users: np.ndarray) -> np.ndarray:
-        """Per user, the start of the profile's last visit (far in the past for a user it does not hold)."""
-        end = self.profile_end.reindex(np.asarray(users, dtype=np.int64)).to_numpy()
-        return np.where(np.isnan(end), np.iinfo(np.int64).min // 4, np.nan_to_num(end)).astype(np.int64)
+        return self.stored.end_of(columns["u"]) + 1
 
     def profile(self) -> pd.DataFrame:
         """Every index as counts per key (``index``, ``key``, ``count``, ``total``, ``last``); the latest
@@ -360,7 +348,7 @@ class Routine:
         """The known places each query's user visited before its ``now``: ``(query row, place)`` pairs,
         query by query, places ascending."""
         index = self.counts["place"]
-        keys = np.union1d(index.keys, index.base["key"].to_numpy(np.int64))
+        keys = np.union1d(index.keys, index.base.key)
         keys = keys[keys % self.num_places >= FIRST_PLACE]
         users = keys // self.num_places
         lo = np.searchsorted(users, queries.user, side="left")

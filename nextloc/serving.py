@@ -32,6 +32,7 @@ from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch
 from nextloc.models import SeedEnsemble, model_config, model_from_config, registry
 from nextloc.novelty import NewPlaceHead
 from nextloc.ranking import CandidateScorer, RoutineAnswerer, scorer_from_state
+from nextloc.routine_profile import StoredProfile
 from nextloc.storage import write_json, write_parquet, write_with
 from nextloc.vocabulary import place_centres, place_popularity
 
@@ -254,7 +255,7 @@ def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, loc
     num_places = int(locations["loc_index"].max()) + 1
     return RoutineAnswerer(
         model=scorer_from_state(kind, state),
-        profile=pd.read_parquet(folder / PROFILE_FILE),
+        profile=StoredProfile.from_frame(pd.read_parquet(folder / PROFILE_FILE)),
         num_places=num_places,
         centres=place_centres(locations, num_places),
         popularity=place_popularity(locations, num_places),

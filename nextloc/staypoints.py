@@ -8,7 +8,8 @@ latitudes of the *unique* fixes, summed in the same order). ``tests/nextloc/test
 that equality against trackintel itself on real GeoLife users.
 
 The per-fix loop is sequential by nature (each anchor depends on the previous decision), so it is written
-as a numba kernel: about 100x faster than trackintel's Python loop.
+as numba kernels (:mod:`nextloc.staypoint_kernels`, imported on first use): about 100x faster than
+trackintel's Python loop.
 
 It also computes, per user, the time extent of trackintel's ``between_staypoints`` triplegs (the
 positionfixes outside staypoints, split at temporal gaps, at least two distinct points), which is all the
@@ -20,7 +21,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import pandas as pd
 
@@ -89,7 +89,9 @@ def generate_staypoints(
         t, lat, lon, elev = t[keep], lat[keep], lon[keep], elev[keep]
     n_dup = n_total - len(t)
 
-    starts, geom_ends, finishes = _sliding(
+    from nextloc.staypoint_kernels import sliding  # numba: only for positionfixes
+
+    starts, geom_ends, finishes = sliding(
         t,
         lon,
         lat,
@@ -114,10 +116,7 @@ def generate_staypoints(
             "n_pfs": (geom_ends - starts).astype(np.int32),
         }
     )
-    in_sp = np.zeros(len(t), dtype=np.bool_)
-    for s, e in zip(starts, geom_ends, strict=True):
-        in_sp[s:e] = True
-    tpl_lo, tpl_hi = _tripleg_extent(t, lon, lat, in_sp, int(round(tripleg_gap_threshold_min * _NS_PER_MIN)))
+    tpl_lo, tpl_hi = _tripleg_bounds(t, lon, lat, starts, geom_ends, tripleg_gap_threshold_min)
     return UserStaypoints(
         user_id=user_id,
         staypoints=staypoints,
@@ -154,77 +153,23 @@ def _validate(positionfixes: pd.DataFrame) -> None:
         raise ValueError("positionfixes 'tracked_at' must be timezone-aware (UTC)")
 
 
+def _tripleg_bounds(
+    t: np.ndarray, lon: np.ndarray, lat: np.ndarray, starts: np.ndarray, ends: np.ndarray, gap_min: float
+) -> tuple[int, int]:
+    """The first and last time of the user's triplegs (the fixes outside staypoints); -1 without one."""
+    from nextloc.staypoint_kernels import tripleg_extent
+
+    in_sp = np.zeros(len(t), dtype=np.bool_)
+    for s, e in zip(starts, ends, strict=True):
+        in_sp[s:e] = True
+    return tripleg_extent(t, lon, lat, in_sp, int(round(gap_min * _NS_PER_MIN)))
+
+
 def _first_occurrences(t: np.ndarray, lat: np.ndarray, lon: np.ndarray, elev: np.ndarray) -> np.ndarray:
     """Mask keeping the first of each exact duplicate; input is stably sorted by time."""
-    return _first_occurrences_kernel(t, lat, lon, elev)
+    from nextloc.staypoint_kernels import first_occurrences
 
-
-@numba.njit(cache=True, nogil=True)
-def _first_occurrences_kernel(t, lat, lon, elev):  # pragma: no cover - compiled
-    n = len(t)
-    keep = np.ones(n, dtype=np.bool_)
-    i = 0
-    while i < n:
-        j = i + 1
-        while j < n and t[j] == t[i]:
-            j += 1
-        # [i, j) share a timestamp: keep the first occurrence of each distinct row (runs are tiny)
-        for a in range(i + 1, j):
-            for b in range(i, a):
-                if keep[b] and _same(lat[a], lat[b]) and _same(lon[a], lon[b]) and _same(elev[a], elev[b]):
-                    keep[a] = False
-                    break
-        i = j
-    return keep
-
-
-@numba.njit(cache=True, inline="always")
-def _same(a, b):  # pragma: no cover - compiled
-    return a == b or (np.isnan(a) and np.isnan(b))
-
-
-@numba.njit(cache=True, nogil=True)
-def _haversine(lon_1, lat_1, lon_2, lat_2):  # pragma: no cover - compiled
-    # Same operations, in the same order, as trackintel.geogr.point_haversine_dist(float_flag=True).
-    d2r = np.pi / 180.0
-    lon_1 = lon_1 * d2r
-    lat_1 = lat_1 * d2r
-    lon_2 = lon_2 * d2r
-    lat_2 = lat_2 * d2r
-    cos_lat2 = np.cos(lat_2)
-    cos_lat1 = np.cos(lat_1)
-    cos_lat_d = np.cos(lat_1 - lat_2)
-    cos_lon_d = np.cos(lon_1 - lon_2)
-    return EARTH_RADIUS_M * np.arccos(cos_lat_d - cos_lat1 * cos_lat2 * (1 - cos_lon_d))
-
-
-@numba.njit(cache=True, nogil=True)
-def _sliding(t, lon, lat, dist_threshold, time_threshold, gap_threshold, include_last):  # pragma: no cover
-    """Indices (start, geometry end exclusive, finish) of each staypoint; trackintel's loop, compiled."""
-    n = len(t)
-    starts = np.empty(n, dtype=np.int64)
-    geom_ends = np.empty(n, dtype=np.int64)
-    finishes = np.empty(n, dtype=np.int64)
-    k = 0
-    start = 0
-    curr = 0
-    for curr in range(1, n):
-        if t[curr] - t[curr - 1] > gap_threshold:
-            start = curr
-            continue
-        if _haversine(lon[start], lat[start], lon[curr], lat[curr]) >= dist_threshold:
-            if t[curr] - t[start] >= time_threshold:
-                starts[k] = start
-                geom_ends[k] = curr
-                finishes[k] = curr
-                k += 1
-            start = curr
-    if include_last and n > 0 and t[curr] - t[start] >= time_threshold:
-        starts[k] = start
-        geom_ends[k] = n
-        finishes[k] = curr
-        k += 1
-    return starts[:k], geom_ends[:k], finishes[:k]
+    return first_occurrences(t, lat, lon, elev)
 
 
 def _centroids(
@@ -257,34 +202,3 @@ def _centroids(
     x_cos = np.bincount(sp_index, weights=np.cos(x_rad)) / count
     mean_x = np.rad2deg(np.arctan2(x_sin, x_cos))
     return mean_y, mean_x
-
-
-@numba.njit(cache=True, nogil=True)
-def _tripleg_extent(t, lon, lat, in_sp, gap_threshold):  # pragma: no cover - compiled
-    """(first start, last end) in ns of the user's valid ``between_staypoints`` triplegs, or (-1, -1).
-
-    A tripleg is a run of fixes outside staypoints, broken at gaps > ``gap_threshold``; trackintel keeps
-    it only if it has >= 2 fixes and a valid LineString, i.e. at least two distinct points.
-    """
-    n = len(t)
-    first = -1
-    last = -1
-    i = 0
-    while i < n:
-        if in_sp[i]:
-            i += 1
-            continue
-        j = i + 1
-        while j < n and not in_sp[j] and t[j] - t[j - 1] <= gap_threshold:
-            j += 1
-        distinct = False
-        for m in range(i + 1, j):
-            if lon[m] != lon[i] or lat[m] != lat[i]:
-                distinct = True
-                break
-        if j - i >= 2 and distinct:
-            if first < 0:
-                first = t[i]
-            last = t[j - 1]
-        i = j
-    return first, last

@@ -22,15 +22,16 @@ from nextloc.predict import predict
 from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
 from nextloc.visits import parse_time, validate_visits
-from tasks import tracking, versions
+from tasks import versions
 from tasks.catalog import Catalog
+from tasks.store import default_tracking_uri
 
 logger = logging.getLogger(__name__)
 
 
 def model_uri(kind: str, alias: str) -> str:
     """``models:/nextloc-<kind>@<alias>``, or ``/<version>`` when ``alias`` is a number."""
-    name = tracking.registered_name(kind)
+    name = f"{versions.REGISTERED_PREFIX}{kind}"
     return f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
 
 
@@ -38,10 +39,18 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     """A registered model as a :class:`~nextloc.serving.ModelBundle`, read as data: its JSON config,
     safetensors weights and parquet vocabulary (the logged code is not run).
 
+    A SQLite store's version is read in place, its alias resolved in the registry's tables without
+    importing MLflow (:func:`tasks.versions.local_bundle`); any other is downloaded through MLflow.
+
     Raises:
         ValueError: the version holds no bundle (a pickled model logged by an early nextloc): reading it
             would run code chosen by whoever logged it, so it is refused, with how to replace it.
     """
+    in_place = versions.local_bundle(kind, alias, tracking_uri or default_tracking_uri())
+    if in_place is not None:
+        return load_bundle(in_place)
+    from tasks import tracking
+
     tracking.configure(tracking_uri, experiment)
     uri = model_uri(kind, alias)
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,6 +151,8 @@ def champion_maps(
     Returns:
         the artifact paths logged.
     """
+    from tasks import tracking
+
     bundle = load_registered(kind, version, tracking_uri, experiment)
     catalog = Catalog(str(data_dir))
     questions = map_questions(
@@ -171,6 +182,8 @@ def leaderboard_from_mlflow(
     tracking_uri: str | None, experiment: str, latest_data_only: bool = True
 ) -> tuple[dict, str]:
     """Mean +- std over seeds of every test metric (:data:`nextloc.metrics.RESULT_KEYS`) of every model run."""
+    from tasks import tracking
+
     tracking.configure(tracking_uri, experiment)
     runs = tracking.search_model_runs(experiment)
     if runs.empty:

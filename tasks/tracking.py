@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -30,6 +29,8 @@ from mlflow.exceptions import MlflowException
 from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.metrics import HEADLINE
 from tasks.locking import registry_lock
+from tasks.store import default_tracking_uri
+from tasks.versions import REGISTERED_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -72,16 +73,6 @@ per model kind the mean and standard deviation over seeds of every test metric, 
 Compare models: the **{COMPARISON_VIEW_NAME}** view (the view menu at the top right of *Runs*) lists every \
 model run, best test place Acc@1 first, with the test metrics and the selected epoch as columns; tick runs \
 and press *Compare*. Registered models: *Model registry* (`nextloc-<kind>`; the `champion` alias)."""
-
-
-def default_tracking_uri(root: Path | None = None) -> str:
-    """``$NEXTLOC_TRACKING_URI`` (set by ``make services`` for its flow runs), else
-    ``sqlite:///<root>/mlruns/mlflow.db`` (absolute path)."""
-    if os.environ.get("NEXTLOC_TRACKING_URI"):
-        return os.environ["NEXTLOC_TRACKING_URI"]
-    base = (root or Path.cwd()).resolve() / "mlruns"
-    base.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{base / 'mlflow.db'}"
 
 
 def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> str:
@@ -192,7 +183,7 @@ def close_interrupted_runs(experiment_id: str, tags: dict[str, str]) -> list[str
 
 def registered_name(kind: str) -> str:
     """One registered model per model kind."""
-    return f"nextloc-{kind}"
+    return f"{REGISTERED_PREFIX}{kind}"
 
 
 def log_dict_artifact(run_id: str, data: Any, name: str) -> None:

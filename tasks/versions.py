@@ -10,29 +10,83 @@ models (:func:`tasks.tracking.registered_name`). The rule that decides is :mod:`
 from __future__ import annotations
 
 import contextlib
+import sqlite3
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mlflow
-import pandas as pd
 import yaml
-from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
-from mlflow.models import ModelSignature
-from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from nextloc.metrics import HEADLINE
-from nextloc.serving import BUNDLE_ARTIFACT
-from tasks import tracking
-from tasks.locking import registry_lock
+from nextloc.serving import BUNDLE_ARTIFACT, BUNDLE_FILE
 
+if TYPE_CHECKING:
+    import pandas as pd
+    from mlflow.models import ModelSignature
+
+# MLflow (about 2 s to import, its SQL store 2 s more) is imported where it is called: `nextloc predict`
+# reads a SQLite registry without it (local_bundle)
 CHAMPION = "champion"
+REGISTERED_PREFIX = "nextloc-"  # tasks.tracking.registered_name
+
+
+def local_bundle(kind: str, alias: str, tracking_uri: str) -> Path | None:
+    """The bundle folder of ``nextloc-<kind>`` at ``alias`` (a version number names itself), read in place
+    from a SQLite store: the alias resolved in the registry's own tables, as MLflow's SQL store does
+    (``registered_model_aliases``, then the version's ``storage_location``), without importing MLflow.
+
+    None where it cannot be read that way, and the caller asks MLflow (:func:`download_bundle`): another kind
+    of store, a version whose artifacts are not a local folder or hold no bundle, tables this does not know.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    name = f"{REGISTERED_PREFIX}{kind}"
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    if not db.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as con:
+            if not alias.isdigit():
+                found = con.execute(
+                    "SELECT version FROM registered_model_aliases WHERE name = ? AND alias = ?", (name, alias)
+                ).fetchall()
+                if len(found) != 1:
+                    return None
+                alias = str(found[0][0])
+            rows = con.execute(
+                "SELECT storage_location, status, current_stage FROM model_versions "
+                "WHERE name = ? AND version = ?",
+                (name, int(alias)),
+            ).fetchall()
+    except sqlite3.Error:
+        return None
+    if len(rows) != 1 or rows[0][1] != "READY" or rows[0][2] == "Deleted_Internal":
+        return None
+    return _bundle_in(rows[0][0] or "")
+
+
+def _bundle_in(location: str) -> Path | None:
+    """The bundle folder inside a logged model's local folder (``file://`` URI), or None."""
+    parsed = urllib.parse.urlparse(location)
+    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+        return None
+    model = Path(urllib.parse.unquote(parsed.path))
+    try:
+        spec = yaml.safe_load((model / "MLmodel").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    artifacts = (spec or {}).get("flavors", {}).get("python_function", {}).get("artifacts") or {}
+    path = (artifacts.get(BUNDLE_ARTIFACT) or {}).get("path")
+    folder = model / path if path else None
+    return folder if folder is not None and (folder / BUNDLE_FILE).is_file() else None
 
 
 def download_bundle(model_uri: str, dst: Path) -> Path:
     """Download a registered model and return its bundle folder, or its model folder for a model logged
     without one (which :func:`tasks.evaluate.load_registered` refuses)."""
+    import mlflow
+
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
     spec = yaml.safe_load((local / "MLmodel").read_text())
     artifacts = spec.get("flavors", {}).get("python_function", {}).get("artifacts") or {}
@@ -52,6 +106,11 @@ class Holder:
 def champion_holder(kind: str) -> Holder | None:
     """The version of ``nextloc-<kind>`` holding the ``champion`` alias; None without one (or without the
     registered model)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks import tracking
+
     with contextlib.suppress(MlflowException):
         version = MlflowClient().get_model_version_by_alias(tracking.registered_name(kind), CHAMPION)
         return Holder(str(version.version), version.run_id)
@@ -61,6 +120,11 @@ def champion_holder(kind: str) -> Holder | None:
 def alias_version(kind: str, alias: str) -> str | None:
     """The version of ``nextloc-<kind>`` that ``alias`` names (a version number names itself); None when
     there is no such alias, version or registered model."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks import tracking
+
     client = MlflowClient()
     name = tracking.registered_name(kind)
     with contextlib.suppress(MlflowException):
@@ -75,6 +139,10 @@ def alias_version(kind: str, alias: str) -> str | None:
 
 def move_champion(kind: str, version: str) -> None:
     """Give the ``champion`` alias of ``nextloc-<kind>`` to ``version``."""
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+
     MlflowClient().set_registered_model_alias(tracking.registered_name(kind), CHAMPION, version)
 
 
@@ -87,6 +155,10 @@ def record_decision(parent_run_id: str, kind: str, decision: dict[str, Any]) -> 
     decision that made it champion. A rerun of the same trainings (the challenger already is the champion)
     leaves the run and version with that decision.
     """
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+
     prefix = f"champion_challenger.{kind}"
     metric = tracking.mlflow_name(decision.get("metric", "").removeprefix("test "))
     values = {
@@ -125,6 +197,9 @@ def model_signature() -> ModelSignature:
     Times are ISO 8601 text (a zone may be given; none means UTC): MLflow's ``datetime`` type takes
     zone-naive values only, and text lets the model name the row of an unparsable time.
     """
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
     return ModelSignature(
         inputs=Schema(
             [
@@ -153,6 +228,13 @@ def log_model(
     Returns:
         ``(model_uri, registered version, logged model id)``.
     """
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from tasks import tracking
+    from tasks.locking import registry_lock
+
     info = mlflow.pyfunc.log_model(
         name="model",
         python_model=str(PYFUNC_CODE),
@@ -190,6 +272,10 @@ def describe_version(
     """Tag and describe a registered version so the registry tells versions apart: model kind, seed, data
     fingerprint, test scores, the validation score the champion rule selects seeds by, and the selected epoch.
     (The champion decision is added by :mod:`tasks.promotion`.)"""
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+
     client = MlflowClient()
     name = tracking.registered_name(kind)
     val = results.get("val", {})

@@ -460,3 +460,30 @@ def test_nextloc_serve_answers_without_the_venv_on_path(store, two_histories, tm
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("kind", ["ranker", "pointer_plus"])
+def test_the_in_place_registry_read_answers_as_mlflow_download(store, two_histories, kind, tmp_path):
+    """`nextloc predict` reads a SQLite registry's champion in place, without MLflow
+    (:func:`tasks.versions.local_bundle`): the same version MLflow resolves and downloads, and exactly the
+    same answers (places, probabilities, P(new place)) for a known user's week and an unknown user."""
+    import mlflow
+
+    from nextloc.predict import predict_visits
+    from nextloc.serving import load_bundle
+    from tasks import tracking, versions
+    from tasks.evaluate import load_registered, model_uri
+
+    _, uri = store
+    in_place = versions.local_bundle(kind, "champion", uri)
+    assert in_place is not None
+    assert (in_place / "bundle.json").is_file()
+    tracking.configure(uri, "test")
+    holder = mlflow.MlflowClient().get_model_version_by_alias(f"nextloc-{kind}", "champion")
+    assert versions.local_bundle(kind, str(holder.version), uri) == in_place
+    assert versions.local_bundle(kind, "no-such-alias", uri) is None
+    downloaded = load_bundle(versions.download_bundle(model_uri(kind, "champion"), tmp_path))
+    fast = load_registered(kind, "champion", uri, "test")
+    visits = pd.DataFrame(json.loads(two_histories.read_text())["dataframe_records"])
+    for history in (visits, visits[visits["user_id"] == 73], visits[visits["user_id"] == 5555]):
+        assert predict_visits(fast, history, k=5) == predict_visits(downloaded, history, k=5)

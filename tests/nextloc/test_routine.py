@@ -268,3 +268,34 @@ def test_a_profile_holds_counts_not_visits() -> None:
     assert sorted(place["count"].tolist()) == [1.0, 2.0]
     # the latest time is kept only where a feature reads it
     assert profile.loc[profile["index"] == "slot", "last"].isna().all()
+
+
+def test_a_stored_profile_reads_as_the_table() -> None:
+    """The profile split by index once (what a loaded model keeps) gives each index's counts, the users it
+    holds and when each one's profile ends exactly as filtering the table does; a user it lacks ends before
+    any time, and a Routine built on it answers as one built on the table."""
+    from nextloc.routine_profile import NO_PROFILE_END, StoredProfile
+
+    log = make_log([(1, 0, 60, 2), (1, 100, 60, 3), (1, 200, 60, 2), (2, 50, 30, 4), (2, 400, 30, 1)])
+    table = Routine(log, NUM_PLACES).profile()
+    stored = StoredProfile.from_frame(table.sample(frac=1.0, random_state=0))  # any row order
+    for name, part in table.groupby("index"):
+        expected = part.sort_values("key")
+        base = stored.base(name)
+        np.testing.assert_array_equal(base.key, expected["key"].to_numpy(np.int64))
+        for column in ("count", "total", "last"):
+            np.testing.assert_array_equal(getattr(base, column), expected[column].to_numpy(np.float64))
+    assert len(stored.base("no such index").key) == 0
+    users = table[table["index"] == "user"]
+    ends = pd.Series(users["last"].to_numpy(), index=users["key"].to_numpy())
+    asked = np.array([2, 9, 1, 1])
+    expected_end = ends.reindex(asked).fillna(NO_PROFILE_END).to_numpy(np.int64)
+    np.testing.assert_array_equal(stored.end_of(asked), expected_end)
+    request = make_log([(1, 300, 60, 3), (2, 500, 60, 4), (3, 100, 60, 2)])
+    queries = queries_after_last(request)
+    for a, b in zip(
+        Routine(request, NUM_PLACES, profile=table).candidate_features(queries),
+        Routine(request, NUM_PLACES, profile=stored).candidate_features(queries),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)

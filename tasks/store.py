@@ -1,0 +1,17 @@
+"""Where the tracking and registry store is, without importing MLflow (the ``nextloc predict`` path reads
+the registry before anything else and should not pay for MLflow's import: :func:`tasks.versions.local_bundle`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def default_tracking_uri(root: Path | None = None) -> str:
+    """``$NEXTLOC_TRACKING_URI`` (set by ``make services`` for its flow runs), else
+    ``sqlite:///<root>/mlruns/mlflow.db`` (absolute path)."""
+    if os.environ.get("NEXTLOC_TRACKING_URI"):
+        return os.environ["NEXTLOC_TRACKING_URI"]
+    base = (root or Path.cwd()).resolve() / "mlruns"
+    base.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{base / 'mlflow.db'}"
