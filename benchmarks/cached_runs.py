@@ -124,6 +124,7 @@ def one_run(i: int, args: argparse.Namespace, walls: list[float], tmp: Path) -> 
     """One `nextloc run`, watched; its wall time, slowest request and flow, and where its evidence is."""
     out_path = tmp / f"out-{i:03d}.txt"
     env = {**os.environ, **MAKE_ENV, "NEXTLOC_API_SLOW_S": "0", "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "1"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as make runs it: imports read cached bytecode
     evidence = Path(args.evidence) / f"run-{i:03d}"
     log_start = API_LOG.stat().st_size if API_LOG.exists() else 0
     captured = None
