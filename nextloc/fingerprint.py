@@ -23,6 +23,11 @@ def hash_text(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
+def hash_bytes(data: bytes | memoryview) -> str:
+    """XXH3-128 digest of bytes in memory: what :func:`hash_file` gives for a file holding them."""
+    return xxhash.xxh3_128(data).hexdigest()
+
+
 def hash_file(path: Path) -> str:
     """XXH3-128 digest (32 hex characters) of a file's bytes, read in 1 MiB chunks."""
     digest = xxhash.xxh3_128()

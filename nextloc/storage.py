@@ -20,8 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nextloc.atomic import atomic_path, remove_stale_temp_files, write_text_atomic
-from nextloc.fingerprint import hash_file
+from nextloc.atomic import atomic_path, remove_stale_temp_files
+from nextloc.fingerprint import hash_bytes, hash_file
 from nextloc.geoparquet import geometry_columns, with_point_geometry
 
 __all__ = [
@@ -66,9 +66,17 @@ def write_geoparquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
 
 
 def _write_table(table: pa.Table, path: Path) -> str:
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, use_dictionary=_dictionary_columns(table.schema), **PARQUET_OPTIONS)
-    return hash_file(path)
+    """Write ``table`` atomically; the fingerprint is taken from the bytes written, not read back from disk.
+
+    The file is encoded in memory first (the parquet writer gives the same bytes to any sink), hashed there
+    and written in one call: no second read of each output to fingerprint it.
+    """
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, use_dictionary=_dictionary_columns(table.schema), **PARQUET_OPTIONS)
+    data = sink.getvalue()
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+    return hash_bytes(data)
 
 
 def write_json(data: Any, path: Path) -> str:
@@ -93,9 +101,11 @@ def _finite(value: Any) -> Any:
 
 
 def write_text(text: str, path: Path) -> str:
-    """Write UTF-8 text atomically; returns the file's fingerprint."""
-    write_text_atomic(path, text)
-    return hash_file(path)
+    """Write UTF-8 text atomically; returns the file's fingerprint (of the bytes written)."""
+    data = text.encode("utf-8")
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+    return hash_bytes(data)
 
 
 def write_with(writer: Callable[[Path], None], path: Path) -> str:

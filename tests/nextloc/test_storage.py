@@ -53,3 +53,35 @@ def test_the_same_data_gives_the_same_bytes(tmp_path):
 def test_a_bare_non_finite_value_is_null(tmp_path, value):
     write_json(value, tmp_path / "x.json")
     assert _strict((tmp_path / "x.json").read_text()) is None
+
+
+def test_writers_return_the_fingerprint_of_the_file_written(tmp_path):
+    """The fingerprint is taken from the bytes in memory (no read back): it must be the file's, and the
+    parquet bytes those pyarrow writes straight to a file with the same options."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from nextloc.fingerprint import hash_file
+    from nextloc.storage import PARQUET_OPTIONS, write_geoparquet, write_parquet, write_text
+
+    frame = pd.DataFrame(
+        {
+            "user_id": [1, 1, 2],
+            "latitude": [39.9, 39.91, 40.0],
+            "longitude": [116.3, 116.31, 116.4],
+            "name": ["a", "b", "a"],
+        }
+    )
+    for writer, name in ((write_parquet, "plain.parquet"), (write_geoparquet, "geo.parquet")):
+        path = tmp_path / name
+        assert writer(frame, path) == hash_file(path)
+    direct = tmp_path / "direct.parquet"
+    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+    pq.write_table(table, direct, use_dictionary=["name"], **PARQUET_OPTIONS)
+    assert (tmp_path / "plain.parquet").read_bytes() == direct.read_bytes()
+    text = tmp_path / "t.txt"
+    assert write_text("ü\nline\n", text) == hash_file(text)
+    assert text.read_bytes() == "ü\nline\n".encode()
+    assert write_json({"a": 1}, tmp_path / "j.json") == hash_file(tmp_path / "j.json")
+    assert not list(tmp_path.glob(".*.tmp"))
