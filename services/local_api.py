@@ -48,11 +48,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nextloc.atomic import write_text_atomic
 from nextloc.locks import exclusive_lock
+from services.processes import terminate
 
 log = logging.getLogger("nextloc.cli.api")
 
 RECORD = "nextloc-api.json"
+USERS = "nextloc-api.users"  # the commands' shared locks
 LOG = "nextloc-api.log"
 MODULE = "services.local_api"
 DEFAULT_IDLE_S = 1800.0
@@ -124,7 +127,7 @@ class LocalAPI:
 
 def attach_or_start(home: Path) -> LocalAPI:
     """The home's running server, or one started now (returns at once; :meth:`LocalAPI.wait` waits)."""
-    users_fd = os.open(home / "nextloc-api.users", os.O_RDWR | os.O_CREAT, 0o644)
+    users_fd = os.open(home / USERS, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(users_fd, fcntl.LOCK_SH)  # waits while a server that went idle is exiting
     try:
         with exclusive_lock(home / "nextloc-api.lock"):
@@ -173,9 +176,7 @@ def read_record(home: Path) -> dict[str, int] | None:
 
 
 def _write_record(home: Path, pid: int, port: int) -> None:
-    tmp = home / f".{RECORD}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"pid": pid, "port": port}) + "\n")
-    tmp.replace(home / RECORD)
+    write_text_atomic(home / RECORD, json.dumps({"pid": pid, "port": port}) + "\n")
 
 
 def _is_server(pid: int) -> bool:
@@ -238,17 +239,9 @@ def stop_server(home: Path, timeout_s: float = 30.0) -> int | None:
     if record is None or not _is_server(record["pid"]):
         (home / RECORD).unlink(missing_ok=True)
         return None
-    pid = record["pid"]
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _is_server(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _is_server(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    terminate(record["pid"], signal.SIGTERM, timeout_s)  # its own session: the group is the server
     (home / RECORD).unlink(missing_ok=True)
-    return pid
+    return record["pid"]
 
 
 def running(home: Path) -> LocalAPI | None:
@@ -263,6 +256,12 @@ def running(home: Path) -> LocalAPI | None:
 
 _current: LocalAPI | None = None
 _saved_env: dict[str, str | None] | None = None  # what the environment held before start_if_needed
+
+
+def prefect_settings(api: LocalAPI) -> dict[str, Any]:
+    """Prefect's settings for flows run against ``api``: its URL, no UI links (the port may change after an
+    idle exit), no heartbeats (they detect crashed runs for workers; it has none)."""
+    return {"api.url": api.url, "ui_url": "", "flows.heartbeat_frequency": None}
 
 
 def api_configured() -> bool:
@@ -336,9 +335,8 @@ def ready() -> Iterator[None]:
 
     api.wait(float(get_current_settings().server.ephemeral.startup_timeout_seconds))
     saved = os.environ.get("PREFECT_API_URL")  # share_api_with_workers sets it for worker processes
-    updates = {"api.url": api.url, "ui_url": "", "flows.heartbeat_frequency": None}
     try:
-        with temporary_settings(updates=updates):
+        with temporary_settings(updates=prefect_settings(api)):
             yield
     finally:
         if saved is None:
@@ -428,7 +426,7 @@ def create_server_app(slow_s: float = DEFAULT_SLOW_S) -> Activity:
 
 async def _exit_when_idle(server: Any, activity: Activity, home: Path, idle_s: float) -> None:
     """Ask uvicorn to exit once nothing happened for ``idle_s`` and no command holds the users' lock."""
-    users = os.open(home / "nextloc-api.users", os.O_RDWR | os.O_CREAT, 0o644)
+    users = os.open(home / USERS, os.O_RDWR | os.O_CREAT, 0o644)
     while not server.should_exit:
         await asyncio.sleep(min(30.0, max(0.2, idle_s / 10)))
         if activity.in_flight or time.monotonic() - activity.last < idle_s:

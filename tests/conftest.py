@@ -168,9 +168,7 @@ def prefect_api():
     api = local_api.attach_or_start(local_api.prefect_home())
     try:
         api.wait(180)
-        with temporary_settings(
-            updates={"api.url": api.url, "ui_url": "", "flows.heartbeat_frequency": None}
-        ):
+        with temporary_settings(updates=local_api.prefect_settings(api)):
             yield api
     finally:
         api.release()
