@@ -20,8 +20,6 @@ import numpy as np
 import pandas as pd
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
-from sklearn.cluster import DBSCAN
-from sklearn.neighbors import BallTree
 
 from nextloc.config import LocationConfig
 from nextloc.staypoints import EARTH_RADIUS_M, to_ns
@@ -78,6 +76,8 @@ def generate_locations(
     if tiles > 0:
         labels = partitioned_dbscan(np.deg2rad(coords), eps, cfg.min_samples, tiles, map_fn)
     else:
+        from sklearn.cluster import DBSCAN  # scikit-learn (1 s to import): only when locations are computed
+
         db = DBSCAN(
             eps=eps,
             min_samples=cfg.min_samples,
@@ -174,6 +174,8 @@ def make_tiles(coords: np.ndarray, eps: float, n_tiles: int) -> list[Tile]:
 
 def tile_core_counts(tile: Tile, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """Neighbour counts (itself included) of the tile's owned points: ``(global rows, counts)``."""
+    from sklearn.neighbors import BallTree  # scikit-learn: only when locations are computed
+
     tree = BallTree(tile.coords, leaf_size=_LEAF_SIZE, metric="haversine")
     counts = tree.query_radius(tile.coords[tile.owned], eps, count_only=True)
     return tile.index[tile.owned], counts
@@ -191,6 +193,8 @@ def tile_links(tile: Tile, is_core: np.ndarray, eps: float) -> TileLinks:
     core_local = np.flatnonzero(is_core)
     if len(core_local) == 0:
         return TileLinks(empty, empty, empty, empty)
+    from sklearn.neighbors import BallTree  # scikit-learn: only when locations are computed
+
     tree = BallTree(tile.coords[core_local], leaf_size=_LEAF_SIZE, metric="haversine")
     owned_core = np.flatnonzero(tile.owned[core_local])
     neighbours = tree.query_radius(tile.coords[core_local[owned_core]], eps) if len(owned_core) else []
