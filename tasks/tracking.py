@@ -1,9 +1,9 @@
 """MLflow, behind two modules: this one (tracking URI, experiment, runs, their metrics and artifacts, the
 leaderboard on the parent run, store copies) and :mod:`tasks.versions` (registering and describing a
-version, a registered version's bundle, the ``champion`` alias and the records of its decisions). Callers catch
-:class:`MlflowException` from here.
+version, a registered version's bundle, the ``champion`` alias and the records of its decisions).
 
-Nothing happens at import. ``configure()`` chooses the backend explicitly: by default a SQLite store
+Nothing happens at import, and MLflow (about 2 s to import) is imported in the functions that call it: a
+cached rerun that has nothing to record (:mod:`tasks.reruns`) never imports it. ``configure()`` chooses the backend explicitly: by default a SQLite store
 ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` (MLflow >= 3.7 changed its implicit
 default; the file store is in maintenance mode).
 """
@@ -20,11 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import pandas as pd
-from mlflow import MlflowClient
-from mlflow.entities import Metric
-from mlflow.exceptions import MlflowException
 
 from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.metrics import HEADLINE
@@ -81,6 +77,9 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
     Creating and tagging happen under :func:`tasks.locking.registry_lock`: runs starting at once on a fresh
     store would otherwise race to insert the same rows.
     """
+    import mlflow
+    from mlflow import MlflowClient
+
     uri = tracking_uri or default_tracking_uri()
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
@@ -154,6 +153,9 @@ def log_input(dataset: Any, context: str, attempts: int = 5) -> None:
     insert its row and one fails with ``UNIQUE constraint failed: datasets...`` (seen on the full data).
     The row exists by then, so logging again succeeds.
     """
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
     for attempt in range(1, attempts + 1):
         try:
             mlflow.log_input(dataset, context=context)
@@ -171,6 +173,8 @@ def close_interrupted_runs(experiment_id: str, tags: dict[str, str]) -> list[str
     Safe only while no other process can be running them: the caller holds the data directory's lock
     (``tasks.locking``) and the tags name the data directory, model and seed.
     """
+    from mlflow import MlflowClient
+
     query = " and ".join([*(f"tags.{k} = '{v}'" for k, v in tags.items()), "attributes.status = 'RUNNING'"])
     client = MlflowClient()
     stale = [r.info.run_id for r in client.search_runs([experiment_id], query)]
@@ -188,6 +192,8 @@ def registered_name(kind: str) -> str:
 
 def log_dict_artifact(run_id: str, data: Any, name: str) -> None:
     """Log a JSON artifact to a run."""
+    from mlflow import MlflowClient
+
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / name
         path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
@@ -196,6 +202,8 @@ def log_dict_artifact(run_id: str, data: Any, name: str) -> None:
 
 def log_file_artifact(run_id: str, path: Path, artifact_path: str | None = None) -> None:
     """Log a file artifact to a run."""
+    from mlflow import MlflowClient
+
     MlflowClient().log_artifact(run_id, str(path), artifact_path)
 
 
@@ -205,6 +213,8 @@ def download_run_artifacts(run_id: str, artifact_path: str, dst: Path) -> Path:
     Raises:
         MlflowException: no such run or artifact (an artifact store may raise ``OSError`` instead).
     """
+    import mlflow
+
     return Path(
         mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, dst_path=str(dst))
     )
@@ -212,11 +222,15 @@ def download_run_artifacts(run_id: str, artifact_path: str, dst: Path) -> Path:
 
 def run_tags(run_id: str) -> dict[str, str]:
     """A run's tags."""
+    from mlflow import MlflowClient
+
     return dict(MlflowClient().get_run(run_id).data.tags)
 
 
 def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
     """Set tags on a run, in order."""
+    from mlflow import MlflowClient
+
     client = MlflowClient()
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
@@ -225,6 +239,8 @@ def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
 def search_model_runs(experiment: str) -> pd.DataFrame:
     """Every model run of the experiment (runs tagged ``model``), newest first, as MLflow's runs table:
     one row per run, columns ``tags.<tag>`` and ``metrics.<metric>``."""
+    import mlflow
+
     return mlflow.search_runs(
         experiment_names=[experiment], filter_string="tags.model != ''", order_by=["start_time DESC"]
     )
@@ -245,6 +261,8 @@ def parent_run(experiment_id: str, name: str, tags: dict[str, str], params: dict
     """The parent run of a training flow run (kind ``pipeline``): yields its id; FINISHED on success, FAILED
     on any exception (which propagates). Its description links the Prefect flow run (tags
     ``prefect.flow_run_url`` / ``prefect.root_flow_run_url``, when a Prefect UI is known)."""
+    from mlflow import MlflowClient
+
     client = MlflowClient()
     description = _prefect_links(tags)
     run_tags = {**tags, "kind": "pipeline", **({DESCRIPTION_TAG: description} if description else {})}
@@ -281,6 +299,9 @@ def log_leaderboard(
     """The leaderboard on the parent run: ``leaderboard.json`` (with the runs and the champion decisions, each
     with its ``decision`` sentence), per model kind the mean and standard deviation over seeds of every test
     metric (``<kind>.test_<metric>_mean`` / ``_std``), and the leaderboard as the run's description."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
     promotion = {
         kind: {"decision": decision_text(registered_name(kind), d), **d} for kind, d in promotion.items()
     }
@@ -326,6 +347,7 @@ def copy_store(source_uri: str, target_uri: str, batch: int = 5_000) -> dict[str
     Raises:
         RuntimeError: different schema revisions, or a target that already holds runs or models.
     """
+
     import sqlalchemy as sa
     from mlflow.store.db.base_sql_model import Base
     from mlflow.store.model_registry.dbmodels import models as _registry_models  # noqa: F401
@@ -412,6 +434,8 @@ def training_run(
     Runs of the same ``tags`` left RUNNING by a killed attempt are closed first (:func:`close_interrupted_runs`).
     The run ends FINISHED, or FAILED on an exception (which propagates).
     """
+    import mlflow
+
     close_interrupted_runs(experiment_id, tags)
     run_tags = {**tags, **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})}
     with mlflow.start_run(
@@ -423,6 +447,7 @@ def training_run(
 def log_split_inputs(dataset: str, samples: dict[str, tuple[str, str]]) -> None:
     """Dataset lineage of the active run: each split's samples file (``split -> (path, fingerprint)``) as an
     input named ``<dataset>-<split>`` with the fingerprint as digest, in context training/validation/testing."""
+
     from mlflow.data.dataset_source_registry import get_registered_sources
     from mlflow.data.meta_dataset import MetaDataset
 
@@ -436,6 +461,8 @@ def log_split_inputs(dataset: str, samples: dict[str, tuple[str, str]]) -> None:
 
 def log_training(params: dict[str, Any], history: list[dict[str, float]]) -> None:
     """The active run's parameters and its per-epoch metrics (step = epoch, from 1)."""
+    import mlflow
+
     mlflow.log_params(params)
     for step, record in enumerate(history, start=1):
         mlflow.log_metrics({mlflow_name(k): v for k, v in record.items()}, step=step)
@@ -444,4 +471,6 @@ def log_training(params: dict[str, Any], history: list[dict[str, float]]) -> Non
 def log_run_metrics(metrics: dict[str, float], model_id: str | None = None) -> None:
     """Metrics logged once on the active run (names through :func:`mlflow_name`), linked to the logged
     model ``model_id`` when given."""
+    import mlflow
+
     mlflow.log_metrics({mlflow_name(k): v for k, v in metrics.items()}, model_id=model_id)

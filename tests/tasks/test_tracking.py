@@ -7,6 +7,8 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from tasks import tracking
 
@@ -26,7 +28,7 @@ def test_log_input_survives_concurrent_first_insert(store: str, tmp_path: Path) 
     local = next(s for s in get_registered_sources() if s._get_source_type() == "local")
     dataset = MetaDataset(source=local(str(tmp_path)), name="geolife-samples", digest="d" * 32)
     experiment = tracking.configure(store, "t")
-    client = tracking.MlflowClient()
+    client = MlflowClient()
     run_ids = [client.create_run(experiment).info.run_id for _ in range(6)]
     barrier = threading.Barrier(len(run_ids))
     errors: list[BaseException] = []
@@ -50,7 +52,7 @@ def test_log_input_survives_concurrent_first_insert(store: str, tmp_path: Path) 
 
 def test_close_interrupted_runs_only_touches_matching_running_runs(store: str) -> None:
     experiment = tracking.configure(store, "t")
-    client = tracking.MlflowClient()
+    client = MlflowClient()
     tags = {"model": "mhsa", "seed": "0", "data_dir": "/d"}
     stale = client.create_run(experiment, tags=tags).info.run_id
     other_seed = client.create_run(experiment, tags={**tags, "seed": "1"}).info.run_id
@@ -69,7 +71,7 @@ def test_configure_presents_the_experiment_for_the_ui(store: str) -> None:
     import json
 
     experiment = tracking.configure(store, "t")
-    client = tracking.MlflowClient()
+    client = MlflowClient()
     tags = client.get_experiment(experiment).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(tags[f"mlflow.sharedViewState.{tracking.COMPARISON_VIEW}"])
@@ -123,7 +125,7 @@ def test_champion_alias_and_decision_records(store: str) -> None:
     """tasks.versions: who holds the alias, moving it, and the decision on runs and versions."""
     from tasks import versions
 
-    client = tracking.MlflowClient()
+    client = MlflowClient()
     experiment_id = tracking.configure(store, "t")
     name = tracking.registered_name("mhsa")
     client.create_registered_model(name)
@@ -161,7 +163,7 @@ def test_champion_alias_and_decision_records(store: str) -> None:
 
 def test_search_model_runs_and_run_artifacts(store: str, tmp_path: Path) -> None:
     experiment_id = tracking.configure(store, "t")
-    client = tracking.MlflowClient()
+    client = MlflowClient()
     model_run = client.create_run(experiment_id, tags={"model": "markov", "seed": "0"}).info.run_id
     client.create_run(experiment_id, tags={"kind": "pipeline"})
     tracking.set_run_tags(model_run, {"a": "1", "b": "2"})
@@ -169,5 +171,5 @@ def test_search_model_runs_and_run_artifacts(store: str, tmp_path: Path) -> None
     assert list(tracking.search_model_runs("t")["run_id"]) == [model_run]
     tracking.log_dict_artifact(model_run, {"x": 1}, "x.json")
     assert (tracking.download_run_artifacts(model_run, "x.json", tmp_path)).read_text().startswith("{")
-    with pytest.raises((tracking.MlflowException, OSError)):
+    with pytest.raises((MlflowException, OSError)):
         tracking.download_run_artifacts(model_run, "vocabulary", tmp_path / "missing")
