@@ -27,8 +27,11 @@ from tasks.promotion import (
     PromoteMetric,
     champion_challenger,
 )
+from tasks.reruns import Settled, read_settled, settled_key, write_settled
 from tasks.runners import share_api_with_workers, training_runner
+from tasks.store import default_tracking_uri
 from tasks.train import DataRef, ModelKind, TrackingConfig, train_model_task
+from tasks.versions import champion_versions
 
 DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus", "ranker"]
 
@@ -56,7 +59,9 @@ def train(
 ) -> dict[str, Any]:
     """Train, evaluate (best checkpoint) and register each model; decide each kind's champion.
 
-    One MLflow parent run per flow run, one child run per model and seed. Each kind's champion is decided by
+    One MLflow parent run per flow run, one child run per model and seed; a rerun with nothing new (every
+    training cached, every champion where its decision left it) adds none and names the parent run that
+    holds its results (:mod:`tasks.reruns`). Each kind's champion is decided by
     the one champion rule (:mod:`tasks.promotion`), unless ``promote=False``. Each (model, seed) task is
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=training_runner(n))`` runs ``n`` at once;
@@ -65,57 +70,128 @@ def train(
     checked before any work.
     """
     per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)
-    logger = get_run_logger()
     models = models or DEFAULT_MODELS
     seeds = seeds if seeds is not None else [0]
     with data_dir_lock(data_dir):  # one writer per data directory
         data = dataset_ref(data_dir)
         tracking_cfg = TrackingConfig(tracking_uri, experiment)
-        experiment_id = tracking.configure(tracking_uri, experiment)
-        parent_tags = {"data_fingerprint": data.fingerprint, **_prefect_tags()}
-        parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
-        name = tracking.parent_run_name(datetime.now(UTC), models)
-        with tracking.parent_run(experiment_id, name, parent_tags, parent_params) as parent_id:
-            calls = [
-                {
-                    "kind": kind,
-                    "seed": seed,
-                    "data": data,
-                    "model_overrides": per_kind_model.get(kind, {}),
-                    "train_overrides": per_kind_train.get(kind, {}),
-                    "tracking_cfg": tracking_cfg,
-                    "parent_run_id": parent_id,
-                    "device": device,
-                }
-                for kind in models
-                for seed in seeds
-            ]
-            results = _run_trainings(calls, Catalog(data.data_dir).cache)
-            board = leaderboard([(r["kind"], r["results"]) for r in results])
-            rule = (decision_metric, promote_metric, tracking_cfg, parent_id, match_radius_m, min_effect)
-            kinds = dict.fromkeys(models) if promote else {}
-            decisions = {k: champion_challenger(k, results, data, *rule) for k in kinds}
-            tracking.log_leaderboard(parent_id, board, results, decisions)
-        logger.info(
-            "leaderboard (test %s): %s",
-            HEADLINE,
-            {k: round(v[HEADLINE]["mean"], 2) for k, v in board.items()},
-        )
-        return {
-            "parent_run_id": parent_id,
-            "leaderboard": board,
-            "promotion": decisions,
-            "runs": results,
-            "data": data,
-            "experiment_id": experiment_id,
+        calls = [
+            {
+                "kind": kind,
+                "seed": seed,
+                "data": data,
+                "model_overrides": per_kind_model.get(kind, {}),
+                "train_overrides": per_kind_train.get(kind, {}),
+                "tracking_cfg": tracking_cfg,
+                "parent_run_id": None,  # not in the cache key; set once a parent run is needed
+                "device": device,
+            }
+            for kind in models
+            for seed in seeds
+        ]
+        catalog = Catalog(data.data_dir)
+        task = train_model_task.with_options(result_storage=catalog.cache)
+        cached = [current_result(task, call, catalog.cache) for call in calls]
+        rule = {
+            "decision_metric": decision_metric,
+            "promote_metric": promote_metric,
+            "match_radius_m": match_radius_m,
+            "min_effect": min_effect,
+            "kinds": list(dict.fromkeys(models)) if promote else [],
         }
+        settled = _settled(catalog, cached, rule, tracking_cfg) if all(hit for hit, _ in cached) else None
+        if settled is not None:
+            results = [value for _, value in cached]
+            outcome = {
+                "parent_run_id": settled.parent_run_id,
+                "promotion": settled.promotion,
+                "settled": True,
+            }
+            outcome["experiment_id"] = settled.experiment_id
+        else:
+            outcome, results = _record_and_decide(
+                task, calls, cached, rule, data, tracking_cfg, models, seeds
+            )
+            _remember(catalog, results, rule, tracking_cfg, outcome)
+        board = leaderboard([(r["kind"], r["results"]) for r in results])
+        _log_outcome(board, outcome)
+        return {**outcome, "leaderboard": board, "runs": results, "data": data}
 
 
-def _run_trainings(calls: list[dict[str, Any]], cache: Any) -> list[dict[str, Any]]:
-    """Each call's result, in order: a cached one read back here (no worker process starts for it), the
-    others trained on the flow's task runner."""
-    task = train_model_task.with_options(result_storage=cache)
-    cached = [current_result(task, call, cache) for call in calls]
+def _record_and_decide(
+    task: Any,
+    calls: list[dict[str, Any]],
+    cached: list[tuple[bool, Any]],
+    rule: dict[str, Any],
+    data: DataRef,
+    tracking_cfg: TrackingConfig,
+    models: list[str],
+    seeds: list[int],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A parent run holding the trainings (the cached ones read back), each kind's champion decision and the
+    leaderboard: ``({parent_run_id, promotion, experiment_id, settled: False}, results)``."""
+    experiment_id = tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
+    parent_tags = {"data_fingerprint": data.fingerprint, **_prefect_tags()}
+    parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
+    name = tracking.parent_run_name(datetime.now(UTC), models)
+    with tracking.parent_run(experiment_id, name, parent_tags, parent_params) as parent_id:
+        calls = [{**call, "parent_run_id": parent_id} for call in calls]
+        results = _run_trainings(task, calls, cached)
+        board = leaderboard([(r["kind"], r["results"]) for r in results])
+        args = (rule["decision_metric"], rule["promote_metric"], tracking_cfg, parent_id)
+        more = (rule["match_radius_m"], rule["min_effect"])
+        decisions = {k: champion_challenger(k, results, data, *args, *more) for k in rule["kinds"]}
+        tracking.log_leaderboard(parent_id, board, results, decisions)
+    outcome = {"parent_run_id": parent_id, "promotion": decisions, "experiment_id": experiment_id}
+    return {**outcome, "settled": False}, results
+
+
+def _settled(
+    catalog: Catalog, cached: list[tuple[bool, Any]], rule: dict[str, Any], tracking_cfg: TrackingConfig
+) -> Settled | None:
+    """The record of the run that recorded these cached trainings and decided on them, if every champion is
+    still where it left it (:mod:`tasks.reruns`)."""
+    uri, experiment = tracking_cfg.tracking_uri or default_tracking_uri(), tracking_cfg.experiment
+    champions = champion_versions(rule["kinds"], uri, experiment)
+    key = settled_key(catalog, [value for _, value in cached], champions, rule, uri, experiment)
+    return read_settled(catalog, key)
+
+
+def _remember(
+    catalog: Catalog,
+    results: list[dict[str, Any]],
+    rule: dict[str, Any],
+    tracking_cfg: TrackingConfig,
+    outcome: dict[str, Any],
+) -> None:
+    """Record where these results and decisions are, keyed on the champions as the decisions left them."""
+    uri, experiment = tracking_cfg.tracking_uri or default_tracking_uri(), tracking_cfg.experiment
+    champions = champion_versions(rule["kinds"], uri, experiment)
+    key = settled_key(catalog, results, champions, rule, uri, experiment)
+    settled = Settled(outcome["parent_run_id"], outcome["experiment_id"], outcome["promotion"])
+    write_settled(catalog, key, settled)
+
+
+def _log_outcome(board: dict[str, Any], outcome: dict[str, Any]) -> None:
+    logger = get_run_logger()
+    if outcome["settled"]:
+        logger.info(
+            "nothing new: every training cached and every champion as decided; the results are on MLflow "
+            "parent run %s (no new parent run)",
+            outcome["parent_run_id"],
+        )
+    logger.info(
+        "leaderboard (test %s): %s",
+        HEADLINE,
+        {k: round(v[HEADLINE]["mean"], 2) for k, v in board.items()},
+    )
+
+
+def _run_trainings(
+    task: Any, calls: list[dict[str, Any]], cached: list[tuple[bool, Any]]
+) -> list[dict[str, Any]]:
+    """Each call's result, in order: a cached one as read back (no worker process starts for it), the others
+    trained on the flow's task runner."""
     if not all(hit for hit, _ in cached):
         share_api_with_workers()
     futures = {

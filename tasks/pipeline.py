@@ -47,6 +47,9 @@ def publish_summary(
 ) -> str:
     """Record the run: the ingest report on the MLflow parent run, and a markdown summary as a Prefect artifact.
 
+    A rerun with nothing new (``trained["settled"]``, :mod:`tasks.reruns`) writes nothing to MLflow: the
+    parent run its summary names holds the report already.
+
     The parent run gets the ingest report (``ingest_report.json``: every skipped row and file, with its
     file and line, and the users sharing recordings) as an artifact, and the skip counts and the user pairs
     sharing recordings as tags, so data problems travel with the metrics.
@@ -54,8 +57,19 @@ def publish_summary(
     Returns:
         The markdown text (also stored as the flow run's artifact ``preprocess-train-summary``).
     """
-    parent_id = trained["parent_run_id"]
-    experiment_id = tracking.configure(tracking_uri, experiment)
+    if trained.get("settled"):  # a rerun with nothing new: the parent run it names already has all this
+        experiment_id = trained["experiment_id"]
+    else:
+        experiment_id = tracking.configure(tracking_uri, experiment)
+        _record_ingest(trained["parent_run_id"], preprocessed)
+    markdown = render_summary(preprocessed, trained, experiment_id, _ui_url(tracking_uri, mlflow_ui_url))
+    create_markdown_artifact(markdown, key="preprocess-train-summary", description="metrics and MLflow runs")
+    get_run_logger().info("summary:\n%s", markdown)
+    return markdown
+
+
+def _record_ingest(parent_id: str, preprocessed: dict[str, Any]) -> None:
+    """The ingest report and its counts (and the users sharing recordings) on the parent run."""
     ingest = preprocessed["ingest"]
     report = Catalog(preprocessed["data_dir"]).ingest_report
     if report.is_file():
@@ -67,10 +81,6 @@ def publish_summary(
         "data_dir": preprocessed["data_dir"],
     }
     tracking.set_run_tags(parent_id, tags)
-    markdown = render_summary(preprocessed, trained, experiment_id, _ui_url(tracking_uri, mlflow_ui_url))
-    create_markdown_artifact(markdown, key="preprocess-train-summary", description="metrics and MLflow runs")
-    get_run_logger().info("summary:\n%s", markdown)
-    return markdown
 
 
 def render_summary(
@@ -93,7 +103,12 @@ def render_summary(
         f"- ingest: {preprocessed['ingest']['rows_skipped']} rows and "
         f"{preprocessed['ingest']['files_skipped']} files skipped (see `ingest_report.json`)",
         *_duplicate_lines(preprocessed["ingest"].get("duplicates")),
-        f"- MLflow parent run {link(trained['parent_run_id'])}",
+        f"- MLflow parent run {link(trained['parent_run_id'])}"
+        + (
+            " (this rerun trained and decided nothing new: no parent run of its own)"
+            if trained.get("settled")
+            else ""
+        ),
     ]
     if ui_url:
         lines.append(

@@ -66,6 +66,40 @@ def local_bundle(kind: str, alias: str, tracking_uri: str) -> Path | None:
     return _bundle_in(rows[0][0] or "")
 
 
+def champion_versions(kinds: list[str], tracking_uri: str, experiment: str) -> dict[str, str | None]:
+    """The version of ``nextloc-<kind>`` holding the ``champion`` alias, per kind (None without one).
+
+    A SQLite store is read in place, as :func:`local_bundle` reads it (a cached rerun asks this before it
+    decides whether anything needs MLflow at all); any other store, or a table this does not know, is asked
+    through MLflow (:func:`champion_holder`).
+    """
+    local = _sqlite_aliases(CHAMPION, tracking_uri)
+    if local is not None:
+        return {kind: local.get(f"{REGISTERED_PREFIX}{kind}") for kind in kinds}
+    from tasks import tracking
+
+    tracking.configure(tracking_uri, experiment)
+    return {kind: (holder.version if (holder := champion_holder(kind)) else None) for kind in kinds}
+
+
+def _sqlite_aliases(alias: str, tracking_uri: str) -> dict[str, str] | None:
+    """Registered model name -> the version holding ``alias``, read from a SQLite store's own table; an
+    empty dict for a store not created yet; None where it cannot be read that way."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    if not db.exists():
+        return {}
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as con:
+            rows = con.execute(
+                "SELECT name, version FROM registered_model_aliases WHERE alias = ?", (alias,)
+            ).fetchall()
+    except sqlite3.Error:
+        return None
+    return {name: str(version) for name, version in rows}
+
+
 def _bundle_in(location: str) -> Path | None:
     """The bundle folder inside a logged model's local folder (``file://`` URI), or None."""
     parsed = urllib.parse.urlparse(location)

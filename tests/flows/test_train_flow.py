@@ -132,14 +132,47 @@ def test_mlflow_runs_params_metrics_models(trained):
         assert version.description.startswith(f"{kind} seed {seed}, data ")
 
 
+def _parent_runs(uri: str) -> list[str]:
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+
+    experiment_id = tracking.configure(uri, "test")
+    return [r.info.run_id for r in MlflowClient().search_runs([experiment_id], "tags.kind = 'pipeline'")]
+
+
 def test_rerun_reuses_cached_training(trained):
+    """A rerun with nothing new trains nothing and adds no parent run: it names the one holding its results."""
     from flows.train import train
 
-    data_dir, _, result, kwargs = trained
+    data_dir, uri, result, kwargs = trained
     before = {p: p.stat().st_mtime_ns for p in (data_dir / "results").rglob("results.json")}
+    parents = _parent_runs(uri)
     again = train(**kwargs)
     assert [r["run_id"] for r in again["runs"]] == [r["run_id"] for r in result["runs"]]
     assert {p: p.stat().st_mtime_ns for p in (data_dir / "results").rglob("results.json")} == before
+    assert again["settled"]
+    assert again["parent_run_id"] == result["parent_run_id"]
+    assert again["promotion"] == json.loads(json.dumps(result["promotion"], default=str))
+    assert again["leaderboard"] == result["leaderboard"]
+    assert _parent_runs(uri) == parents
+
+
+def test_champion_versions_read_in_place_agree_with_mlflow(trained):
+    from mlflow import MlflowClient
+
+    from tasks import tracking
+    from tasks.versions import champion_versions
+
+    _, uri, _, _ = trained
+    tracking.configure(uri, "test")
+    kinds = ["markov", "mhsa", "pointer_plus", "ranker"]  # ranker: never registered here
+    client = MlflowClient()
+    expected = {k: client.get_model_version_by_alias(f"nextloc-{k}", "champion").version for k in kinds[:3]}
+    assert champion_versions(kinds, uri, "test") == {
+        **{k: str(v) for k, v in expected.items()},
+        "ranker": None,
+    }
 
 
 def test_predict_round_trip(trained, tmp_path):
@@ -287,3 +320,36 @@ def test_a_seed_trains_to_the_same_bits_with_any_number_of_workers(trained, tmp_
             n: (seed / n).read_bytes() for n in ("test_per_sample.parquet", "new_place_head.json")
         }
     assert outputs[1] == outputs[2]  # p_new and every per-sample metric, to the bit
+
+
+def test_a_moved_champion_is_decided_again_on_a_parent_run_of_its_own(trained):
+    """Once another run moves a champion, the same rerun decides again (last in this module: it records a
+    decision on a version; the alias is put back)."""
+    from mlflow import MlflowClient
+
+    from flows.train import train
+    from tasks.versions import champion_versions
+
+    _, uri, result, kwargs = trained
+    parents = _parent_runs(uri)
+    champion = champion_versions(["markov"], uri, "test")["markov"]
+    other = next(
+        r
+        for r in result["runs"]
+        if r["kind"] == "markov" and str(r["results"]["registered_version"]) != champion
+    )
+    client = MlflowClient()
+    client.set_registered_model_alias(
+        "nextloc-markov", "champion", str(other["results"]["registered_version"])
+    )
+    try:
+        decided = train(**kwargs)
+        assert not decided["settled"]
+        assert decided["parent_run_id"] not in parents
+        assert set(_parent_runs(uri)) == {*parents, decided["parent_run_id"]}
+        assert decided["promotion"]["markov"]["champion_version"] == str(
+            other["results"]["registered_version"]
+        )
+        assert train(**kwargs)["parent_run_id"] == decided["parent_run_id"]  # and settled again
+    finally:
+        client.set_registered_model_alias("nextloc-markov", "champion", champion)
