@@ -211,13 +211,18 @@ def download_run_artifacts(run_id: str, artifact_path: str, dst: Path) -> Path:
     """Download a run's artifact (file or folder) under ``dst`` and return its local path.
 
     Raises:
-        MlflowException: no such run or artifact (an artifact store may raise ``OSError`` instead).
+        FileNotFoundError: no such run or artifact (MLflow's error, chained), or any ``OSError`` of the
+            artifact store.
     """
     import mlflow
+    from mlflow.exceptions import MlflowException
 
-    return Path(
-        mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, dst_path=str(dst))
-    )
+    try:
+        return Path(
+            mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path, dst_path=str(dst))
+        )
+    except MlflowException as err:
+        raise FileNotFoundError(f"run {run_id}: no artifact {artifact_path!r} ({err})") from err
 
 
 def run_tags(run_id: str) -> dict[str, str]:
