@@ -12,13 +12,12 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from nextloc.train import TrainConfig
+from nextloc.train_config import TrainConfig
 
 
 @dataclass

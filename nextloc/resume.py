@@ -18,7 +18,7 @@ import logging
 import random
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,9 +28,7 @@ from nextloc.data import SampleTensors
 from nextloc.models.dropout import PCG64Dropout
 from nextloc.optim import EarlyStopping
 from nextloc.storage import atomic_path
-
-if TYPE_CHECKING:
-    from nextloc.train import TrainConfig
+from nextloc.train_config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
