@@ -50,6 +50,7 @@ from typing import Any
 
 from nextloc.atomic import write_text_atomic
 from nextloc.locks import exclusive_lock
+from services.api_watch import watch_open_requests
 from services.processes import terminate
 
 log = logging.getLogger("nextloc.cli.api")
@@ -392,6 +393,7 @@ class Activity:
         self.slow_s = slow_s
         self.in_flight = 0
         self.last = time.monotonic()
+        self.open: dict[int, tuple[str, float]] = {}  # http requests in flight: what, since when
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -399,9 +401,12 @@ class Activity:
             return
         self.in_flight += 1
         start = time.monotonic()
+        if scope["type"] == "http":
+            self.open[id(scope)] = (f"{scope.get('method')} {scope.get('path')}", start)
         try:
             await self.app(scope, receive, send)
         finally:
+            self.open.pop(id(scope), None)
             self.in_flight -= 1
             self.last = time.monotonic()
             took = self.last - start
@@ -459,11 +464,15 @@ def serve(port: int, idle_s: float, slow_s: float) -> None:
     log.info("local Prefect API pid %d on http://127.0.0.1:%d/api, home %s", os.getpid(), port, home)
 
     async def main() -> None:
-        watcher = asyncio.create_task(_exit_when_idle(server, activity, home, idle_s))
+        watchers = [
+            asyncio.create_task(_exit_when_idle(server, activity, home, idle_s)),
+            asyncio.create_task(watch_open_requests(activity.open, slow_s, log)),
+        ]
         try:
             await server.serve()
         finally:
-            watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
 
     asyncio.run(main())
     log.info("stopped")
