@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from nextloc.config import PreprocessConfig
-from nextloc.leaderboard import summarise
-from nextloc.metric_keys import RESULT_KEYS
+from nextloc.evaluate import summarise
+from nextloc.metrics import RESULT_KEYS
 from nextloc.routine import Routine, VisitLog, queries_for_targets
 
 GROUPS = ("window", "past", "unvisited", "new")

@@ -9,9 +9,9 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import Field
 
+from nextloc.evaluate import leaderboard
 from nextloc.fingerprint import hash_file
-from nextloc.leaderboard import leaderboard
-from nextloc.metric_keys import HEADLINE
+from nextloc.metrics import HEADLINE
 from nextloc.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from nextloc.sequences import SPLITS
 from tasks import tracking

@@ -12,7 +12,7 @@ not noise.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +22,7 @@ import torch
 from torch import nn
 
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
-from nextloc.metric_keys import DEDUP_KEYS
-from nextloc.metrics import MetricAccumulator
+from nextloc.metrics import DEDUP_KEYS, RESULT_KEYS, MetricAccumulator
 from nextloc.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
 from nextloc.sequences import UNSEEN
 
@@ -129,7 +128,7 @@ def evaluate(
 
     Returns:
         An :class:`Evaluation`. Validation metrics carry ``new_place_rate`` but no AUC/Brier (the head is fit
-        there); test metrics carry all of :data:`nextloc.metric_keys.METRIC_KEYS`.
+        there); test metrics carry all of :data:`nextloc.metrics.METRIC_KEYS`.
     """
     val_explore, test_explore = explore if explore is not None else (None, None)
     val_split = score_split(val_scores, val, batch_size, val_explore)
@@ -175,6 +174,50 @@ def without_copies(per_sample: pd.DataFrame, copied: np.ndarray) -> dict[str, fl
     }
     out["n_test_dedup"] = len(kept)
     return out
+
+
+def summarise(values: Sequence[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value) and count of a metric over seeds (NaNs ignored)."""
+    array = np.asarray(values, dtype=float)
+    array = array[~np.isnan(array)]
+    return {
+        "mean": float(array.mean()) if len(array) else float("nan"),
+        "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
+        "n": int(len(array)),
+    }
+
+
+def leaderboard(rows: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Mean +- std over seeds of every result key, per model kind (kinds in first-seen order).
+
+    Args:
+        rows: ``(kind, results)`` per trained run; ``results`` holds :data:`nextloc.metrics.RESULT_KEYS`, and
+            the metrics without copied test samples (:data:`DEDUP_KEYS`), which the board then holds too.
+    """
+    keys = (*RESULT_KEYS, *(k for k in DEDUP_KEYS if any(k in results for _, results in rows)))
+    board: dict[str, dict[str, dict[str, float]]] = {}
+    for kind in dict.fromkeys(kind for kind, _ in rows):
+        runs = [results for k, results in rows if k == kind]
+        board[kind] = {key: summarise([r.get(key, float("nan")) for r in runs]) for key in keys}
+    return board
+
+
+def format_summary(summary: Mapping[str, float] | None, sep: str = " ± ") -> str:
+    """``mean ± std`` (3 decimals below 1, e.g. a Brier score; 2 otherwise), or ``-`` without a value.
+
+    Examples:
+        >>> format_summary({"mean": 43.4912, "std": 0.5, "n": 5})
+        '43.49 ± 0.50'
+    """
+    if not summary or summary["mean"] != summary["mean"]:
+        return "-"
+    digits = 3 if abs(summary["mean"]) < 1 else 2
+    return f"{summary['mean']:.{digits}f}{sep}{summary['std']:.{digits}f}"
+
+
+def rank_board(board: Mapping[str, Mapping[str, Mapping[str, float]]], key: str) -> list[str]:
+    """Model kinds by descending mean of ``key`` (NaN last)."""
+    return sorted(board, key=lambda kind: -np.nan_to_num(board[kind][key]["mean"], nan=-np.inf))
 
 
 # --------------------------------------------------------------------------- #

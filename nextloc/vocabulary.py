@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from sklearn.neighbors import BallTree
 
 from nextloc.sequences import UNSEEN
 
@@ -125,8 +126,6 @@ def nearest_locations(
         return out
     centre_lat = locations["latitude"].to_numpy(np.float64)
     centre_lon = locations["longitude"].to_numpy(np.float64)
-    from sklearn.neighbors import BallTree  # scikit-learn (1 s to import): only where visits are placed
-
     tree = BallTree(np.radians(np.column_stack([centre_lat, centre_lon])), metric="haversine")
     nearest = tree.query(np.radians(np.column_stack([lat, lon])), k=1, return_distance=False)[:, 0]
     dist = _haversine_m(lat, lon, centre_lat[nearest], centre_lon[nearest])

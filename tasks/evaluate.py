@@ -13,12 +13,11 @@ import torch
 
 from nextloc.data import SampleTensors
 from nextloc.duplicates import copied_samples
-from nextloc.evaluate import ScoreFn, pack_batch, score_split, without_copies
+from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise, without_copies
 from nextloc.histories import encode_visits, history_visits, to_histories
 from nextloc.history_reader import read_history
-from nextloc.leaderboard import summarise
 from nextloc.maps import draw_answer, draw_predictions, map_questions
-from nextloc.metric_keys import RESULT_KEYS
+from nextloc.metrics import RESULT_KEYS
 from nextloc.predict import predict
 from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
@@ -182,7 +181,7 @@ def champion_maps(
 def leaderboard_from_mlflow(
     tracking_uri: str | None, experiment: str, latest_data_only: bool = True
 ) -> tuple[dict, str]:
-    """Mean +- std over seeds of every test metric (:data:`nextloc.metric_keys.RESULT_KEYS`) of every model run."""
+    """Mean +- std over seeds of every test metric (:data:`nextloc.metrics.RESULT_KEYS`) of every model run."""
     from tasks import tracking
 
     tracking.configure(tracking_uri, experiment)

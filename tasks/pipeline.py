@@ -17,7 +17,7 @@ from nextloc.leaderboard import (
     summary_champions_markdown,
     summary_tables_markdown,
 )
-from nextloc.metric_keys import DEDUP_HEADLINE
+from nextloc.metrics import DEDUP_HEADLINE
 from nextloc.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
 from tasks import tracking
 from tasks.catalog import Catalog

@@ -28,7 +28,7 @@ from prefect import get_run_logger, task
 from nextloc.data import SampleTensors
 from nextloc.evaluate import champion_decision, pack_batch, score_split
 from nextloc.leaderboard import decision_text
-from nextloc.metric_keys import PLACE_KEYS, REFERENCE_KEYS
+from nextloc.metrics import PLACE_KEYS, REFERENCE_KEYS
 from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
 from tasks.caching import CACHE_POLICY, call_cached

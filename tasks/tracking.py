@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
-from nextloc.metric_keys import HEADLINE
+from nextloc.metrics import HEADLINE
 from tasks.locking import registry_lock
 from tasks.store import default_tracking_uri
 from tasks.versions import REGISTERED_PREFIX

@@ -20,7 +20,7 @@ from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
 from nextloc.duplicates import copied_samples
 from nextloc.evaluate import Evaluation, evaluate, model_scores
-from nextloc.metric_keys import RESULT_KEYS
+from nextloc.metrics import RESULT_KEYS
 from nextloc.models import build_model, count_parameters, model_settings, registry
 from nextloc.predict import example_visits
 from nextloc.ranking import RoutineData

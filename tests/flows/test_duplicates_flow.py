@@ -139,7 +139,7 @@ def test_metrics_without_copies_leave_out_exactly_the_copied_samples(runs) -> No
     from nextloc.data import SampleTensors
     from nextloc.duplicates import copied_samples
     from nextloc.evaluate import evaluate, model_scores
-    from nextloc.metric_keys import DEDUP_KEYS
+    from nextloc.metrics import DEDUP_KEYS
     from nextloc.models import registry
 
     kept = runs["kept"]

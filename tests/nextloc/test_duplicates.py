@@ -19,7 +19,7 @@ from nextloc.duplicates import (
     staypoint_pairs,
 )
 from nextloc.evaluate import without_copies
-from nextloc.metric_keys import DEDUP_KEYS
+from nextloc.metrics import DEDUP_KEYS
 
 T0 = pd.Timestamp("2008-10-23 02:53", tz="UTC")
 
@@ -160,8 +160,8 @@ class TestOption:
             load_config(overrides=overrides)
 
     def test_leaderboard_holds_them_when_runs_give_them(self) -> None:
-        from nextloc.leaderboard import leaderboard
-        from nextloc.metric_keys import RESULT_KEYS
+        from nextloc.evaluate import leaderboard
+        from nextloc.metrics import RESULT_KEYS
 
         plain = {k: 10.0 for k in RESULT_KEYS}
         board = leaderboard(

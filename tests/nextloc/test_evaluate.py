@@ -13,13 +13,16 @@ from nextloc.data import Batch
 from nextloc.evaluate import (
     champion_decision,
     evaluate,
+    format_summary,
+    leaderboard,
     model_scores,
     pack_batch,
     paired_bootstrap,
+    rank_board,
     score_split,
+    summarise,
 )
-from nextloc.leaderboard import format_summary, leaderboard, rank_board, summarise
-from nextloc.metric_keys import METRIC_KEYS, RESULT_KEYS
+from nextloc.metrics import METRIC_KEYS, RESULT_KEYS
 from nextloc.models import build_model
 from nextloc.models.registry import KINDS, kinds
 from nextloc.novelty import FEATURES, NewPlaceHead, novelty_features

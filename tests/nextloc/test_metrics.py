@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score
 
-from nextloc.metric_keys import METRIC_KEYS
 from nextloc.metrics import (
+    METRIC_KEYS,
     MetricAccumulator,
     _weighted_f1,
     evaluate_scores,
