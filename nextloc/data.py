@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from nextloc.sequences import pad_lists
+from nextloc.lists import pad_lists
 
 # Reference feature transforms (both reference repos): 15-minute slots, 30-minute duration bins.
 TIME_SLOT_MIN = 15

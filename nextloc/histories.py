@@ -33,8 +33,9 @@ import pyarrow as pa
 
 from nextloc.config import PreprocessConfig
 from nextloc.history_reader import RawHistory
+from nextloc.lists import pad_lists
 from nextloc.locations import merge_staypoints
-from nextloc.sequences import FIRST_PLACE, UNSEEN, add_time_features, pad_lists
+from nextloc.sequences import FIRST_PLACE, UNSEEN, add_time_features
 from nextloc.serving import PACKED_FEATURES, ModelBundle
 from nextloc.staypoints import create_activity_flag
 from nextloc.visits import HISTORY_ID

@@ -221,13 +221,3 @@ def _group_ids(staypoints: pd.DataFrame) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     change = np.r_[True, (user[1:] != user[:-1]) | (split[1:] != split[:-1])]
     return np.cumsum(change) - 1
-
-
-def pad_lists(column: pa.ChunkedArray, lengths: np.ndarray, width: int) -> np.ndarray:
-    """Right-pad a list column into an ``(N, width)`` int64 array (0 = padding)."""
-    values = column.combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-    out = np.zeros((len(lengths), width), dtype=np.int64)
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    cols = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    out[rows, cols] = values
-    return out
