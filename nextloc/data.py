@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from nextloc.lists import pad_lists
+
 # Reference feature transforms (both reference repos): 15-minute slots, 30-minute duration bins.
 TIME_SLOT_MIN = 15
 DURATION_BIN_MIN = 30
@@ -184,16 +186,6 @@ class SampleTensors:
     def target_in_history(self) -> np.ndarray:
         """Per sample: does the target location occur in its history (the ceiling for copy models)."""
         return (self.history_np == self.target_np[:, None]).any(axis=1)
-
-
-def pad_lists(column: pa.ChunkedArray, lengths: np.ndarray, width: int) -> np.ndarray:
-    """Right-pad a list column into an ``(N, width)`` int64 array (0 = padding)."""
-    values = column.combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-    out = np.zeros((len(lengths), width), dtype=np.int64)
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    cols = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    out[rows, cols] = values
-    return out
 
 
 def _to(array: np.ndarray, device: torch.device, pin: bool) -> torch.Tensor:

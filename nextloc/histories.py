@@ -32,8 +32,8 @@ import pandas as pd
 import pyarrow as pa
 
 from nextloc.config import PreprocessConfig
-from nextloc.data import pad_lists
 from nextloc.history_reader import RawHistory
+from nextloc.lists import pad_lists
 from nextloc.locations import merge_staypoints
 from nextloc.sequences import FIRST_PLACE, UNSEEN, add_time_features
 from nextloc.serving import PACKED_FEATURES, ModelBundle

@@ -18,8 +18,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from nextloc.config import LocationConfig
 from nextloc.staypoints import EARTH_RADIUS_M, to_ns
@@ -76,7 +74,7 @@ def generate_locations(
     if tiles > 0:
         labels = partitioned_dbscan(np.deg2rad(coords), eps, cfg.min_samples, tiles, map_fn)
     else:
-        from sklearn.cluster import DBSCAN  # scikit-learn (1 s to import): only when locations are computed
+        from sklearn.cluster import DBSCAN  # sklearn: clustering only (answering merges staypoints, no more)
 
         db = DBSCAN(
             eps=eps,
@@ -174,7 +172,7 @@ def make_tiles(coords: np.ndarray, eps: float, n_tiles: int) -> list[Tile]:
 
 def tile_core_counts(tile: Tile, eps: float) -> tuple[np.ndarray, np.ndarray]:
     """Neighbour counts (itself included) of the tile's owned points: ``(global rows, counts)``."""
-    from sklearn.neighbors import BallTree  # scikit-learn: only when locations are computed
+    from sklearn.neighbors import BallTree  # sklearn: clustering only
 
     tree = BallTree(tile.coords, leaf_size=_LEAF_SIZE, metric="haversine")
     counts = tree.query_radius(tile.coords[tile.owned], eps, count_only=True)
@@ -189,12 +187,14 @@ def tile_links(tile: Tile, is_core: np.ndarray, eps: float) -> TileLinks:
         is_core: for each of ``tile.index``, whether it is a core point (from every tile's counts).
         eps: the DBSCAN radius in radians.
     """
+    from scipy.sparse import coo_matrix  # scipy, sklearn: clustering only
+    from scipy.sparse.csgraph import connected_components
+    from sklearn.neighbors import BallTree
+
     empty = np.array([], dtype=np.int64)
     core_local = np.flatnonzero(is_core)
     if len(core_local) == 0:
         return TileLinks(empty, empty, empty, empty)
-    from sklearn.neighbors import BallTree  # scikit-learn: only when locations are computed
-
     tree = BallTree(tile.coords[core_local], leaf_size=_LEAF_SIZE, metric="haversine")
     owned_core = np.flatnonzero(tile.owned[core_local])
     neighbours = tree.query_radius(tile.coords[core_local[owned_core]], eps) if len(owned_core) else []
@@ -226,6 +226,9 @@ def merge_tile_links(n: int, is_core: np.ndarray, links: list[TileLinks]) -> np.
     exactly the order in which sklearn's ``dbscan_inner`` (a depth-first search seeded by the rows in
     order, a border point labelled by the first cluster that reaches it) gives them.
     """
+    from scipy.sparse import coo_matrix  # scipy: clustering only
+    from scipy.sparse.csgraph import connected_components
+
     labels = np.full(n, -1, dtype=np.int64)
     offsets = np.cumsum([0] + [int(lk.component.max()) + 1 if len(lk.component) else 0 for lk in links])
     point = np.concatenate([lk.core for lk in links] + [np.array([], np.int64)])

@@ -24,13 +24,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from nextloc.data import Batch
 from nextloc.routine import EXPLORE_FEATURES
 from nextloc.sequences import FIRST_PLACE, PAD, UNSEEN
+
+if TYPE_CHECKING:
+    import torch
+
+    from nextloc.data import Batch
 
 FEATURES = (
     "model_p_unseen",
@@ -59,6 +63,8 @@ def novelty_features(scores: torch.Tensor, batch: Batch) -> torch.Tensor:
     Returns:
         ``(B, len(FEATURES))`` float32 on the scores' device.
     """
+    import torch  # torch: a network's batches (a routine kind's answer uses novelty_features_numpy)
+
     probs = torch.softmax(scores.float(), dim=-1)  # (B, V)
     p_unseen = probs[:, UNSEEN]  # (B,)
     places = probs[:, FIRST_PLACE:]
@@ -89,6 +95,40 @@ def novelty_features(scores: torch.Tensor, batch: Batch) -> torch.Tensor:
         ],
         dim=-1,
     ).float()
+
+
+def novelty_features_numpy(scores: np.ndarray, loc: np.ndarray) -> np.ndarray:
+    """:func:`novelty_features` in numpy, for answering without torch: the same formulas in float32 (their
+    sums and exp differ from torch's in the last bits: P(new place) by up to ~3e-7, the 6th decimal of ~1% of
+    answers).
+
+    Args:
+        scores: ``(B, V)`` logits or log-probabilities.
+        loc: ``(B, T)`` the histories' locations, right-padded with 0.
+    """
+    scores = np.asarray(scores, dtype=np.float32)
+    exp = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = exp / exp.sum(axis=-1, keepdims=True)
+    places = probs[:, FIRST_PLACE:]
+    places = places / np.maximum(places.sum(axis=-1, keepdims=True), np.float32(1e-12))
+    log_places = np.log(np.maximum(places, np.float32(1e-12)))
+    entropy = -(places * log_places).sum(axis=-1) / np.float32(math.log(max(places.shape[1], 2)))
+    top = places.max(axis=-1) if places.shape[1] else np.zeros(len(probs), np.float32)
+    valid = loc != PAD
+    rows = np.broadcast_to(np.arange(len(loc))[:, None], loc.shape)
+    seen = np.zeros(probs.shape, dtype=bool)
+    seen[rows[valid], loc[valid]] = True
+    in_history = seen.copy()
+    in_history[:, :FIRST_PLACE] = False
+    mass = (probs * in_history).sum(axis=-1) / np.maximum(
+        probs[:, FIRST_PLACE:].sum(axis=-1), np.float32(1e-12)
+    )
+    length = np.maximum(valid.sum(axis=-1), 1).astype(np.float32)
+    unseen_share = ((loc == UNSEEN) & valid).sum(axis=-1).astype(np.float32) / length
+    last = loc[np.arange(len(loc)), length.astype(np.int64) - 1]
+    distinct = seen[:, 1:].sum(axis=-1).astype(np.float32) / length
+    columns = [probs[:, UNSEEN], entropy, top, mass, unseen_share, (last == UNSEEN), distinct, np.log(length)]
+    return np.stack([np.asarray(c, dtype=np.float32) for c in columns], axis=-1)
 
 
 @dataclass(frozen=True)
@@ -163,7 +203,7 @@ class NewPlaceHead:
 
     def predict(self, features: np.ndarray | torch.Tensor) -> np.ndarray:
         """``(N,)`` float64 probabilities that the next place is new."""
-        if isinstance(features, torch.Tensor):
+        if not isinstance(features, np.ndarray) and hasattr(features, "detach"):  # a torch tensor
             features = features.detach().cpu().numpy()
         x = np.asarray(features, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != len(self.features):

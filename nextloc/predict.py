@@ -19,19 +19,18 @@ exactly as preprocessing builds it, and the model's output becomes answers peopl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from nextloc.histories import Histories, encode_visits
-from nextloc.novelty import novelty_features
+from nextloc.novelty import novelty_features_numpy
 from nextloc.sequences import FIRST_PLACE
-from nextloc.serving import ModelBundle, packed_batch, top_k
+from nextloc.serving import ModelBundle, top_k
 from nextloc.visits import parse_time, validate_visits
 
 __all__ = ["example_visits", "predict", "predict_visits", "visits_at_centres"]
@@ -57,38 +56,67 @@ def predict(
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     routine = _routine_answers(bundle, histories)
+    score = _network_scores(bundle) if routine is None else _routine_scores(bundle, *routine)
     n = len(histories.packed)
     ranked: list[np.ndarray] = []
     probabilities: list[np.ndarray] = []
     p_new: list[np.ndarray] = []
     columns = [TextColumn("scoring histories"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
     bar_console = Console(stderr=True)  # stdout is for the answers
-    with (
-        Progress(*columns, console=bar_console, disable=not progress, transient=True) as bar,
-        torch.no_grad(),
-    ):
+    with Progress(*columns, console=bar_console, disable=not progress, transient=True) as bar:
         task = bar.add_task("score", total=n)
         for start in range(0, n, batch_size):
             chunk = histories.packed[start : start + batch_size]
             width = max(int((chunk[:, :, 0] != 0).sum(axis=1).max()), 1)
-            packed = torch.from_numpy(np.ascontiguousarray(chunk[:, :width]))
-            if routine is None:
-                probs = bundle.scorer(packed)  # (b, V)
-            else:
-                probs = torch.from_numpy(routine[0][start : start + batch_size]).exp()
-            if bundle.head is not None:
-                batch = packed_batch(packed, bundle.preprocess.samples.duration_cap_min)
-                features = novelty_features(probs.clamp(min=1e-30).log(), batch).numpy().astype(np.float64)
-                if routine is not None:
-                    features = np.column_stack([features, routine[1][start : start + batch_size]])
-                p_new.append(bundle.head.predict(features))
-            places = probs[:, FIRST_PLACE:].numpy().astype(np.float64)
+            probs, p = score(np.ascontiguousarray(chunk[:, :width]), slice(start, start + batch_size))
+            if p is not None:
+                p_new.append(p)
+            places = probs[:, FIRST_PLACE:].astype(np.float64)
             places /= np.clip(places.sum(axis=1, keepdims=True), 1e-12, None)
             top = top_k(places, k)
             ranked.append(np.array([[loc + FIRST_PLACE for loc, _ in row] for row in top], dtype=np.int64))
             probabilities.append(np.array([[p for _, p in row] for row in top]))
             bar.advance(task, len(chunk))
     return _answers(bundle, histories.meta, np.concatenate(ranked), np.concatenate(probabilities), p_new)
+
+
+Scores = Callable[[np.ndarray, slice], tuple[np.ndarray, np.ndarray | None]]
+
+
+def _network_scores(bundle: ModelBundle) -> Scores:
+    """Packed histories ``(b, T, 6)`` (rows ``rows`` of the request) -> ``(b, V)`` float32 probabilities
+    and P(new place) (None without a new-place head), from a network or baseline's scorer."""
+    import torch  # torch: networks and baselines only
+
+    from nextloc.novelty import novelty_features
+    from nextloc.packed import packed_batch
+
+    def score(chunk: np.ndarray, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
+        packed = torch.from_numpy(chunk)
+        with torch.no_grad():
+            probs = bundle.scorer(packed)  # (b, V)
+            if bundle.head is None:
+                return probs.numpy(), None
+            batch = packed_batch(packed, bundle.preprocess.samples.duration_cap_min)
+            features = novelty_features(probs.clamp(min=1e-30).log(), batch).numpy().astype(np.float64)
+        return probs.numpy(), bundle.head.predict(features)
+
+    return score
+
+
+def _routine_scores(bundle: ModelBundle, logp: np.ndarray, explore: np.ndarray) -> Scores:
+    """:func:`_network_scores` for a routine kind, whose answers to every history are ``logp`` ``(H, V)``
+    and its explore features ``explore`` ``(H, E)`` (numpy only)."""
+
+    def score(chunk: np.ndarray, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:
+        # float32 exp computed in float64: torch's float32 exp, which answered before, in all but ~1% of values
+        probs = np.exp(logp[rows].astype(np.float64)).astype(np.float32)
+        if bundle.head is None:
+            return probs, None
+        features = novelty_features_numpy(np.log(np.maximum(probs, np.float32(1e-30))), chunk[:, :, 0])
+        return probs, bundle.head.predict(np.column_stack([features.astype(np.float64), explore[rows]]))
+
+    return score
 
 
 def _routine_answers(bundle: ModelBundle, histories: Histories) -> tuple[np.ndarray, np.ndarray] | None:

@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
 
-from nextloc.data import SampleTensors
-from nextloc.models import registry
-from nextloc.models.registry import kinds
 from nextloc.routine import (
     CANDIDATE_FEATURES,
     Queries,
@@ -36,7 +33,11 @@ from nextloc.routine import (
 )
 from nextloc.routine_profile import StoredProfile
 from nextloc.sequences import FIRST_PLACE
+from nextloc.trees import TreeEnsemble
 from nextloc.vocabulary import place_centres, place_popularity
+
+if TYPE_CHECKING:
+    from nextloc.data import SampleTensors
 
 FALLBACK_MASS = 1e-3
 FLOOR = -40.0  # log-probability of the classes 0 and 1
@@ -65,6 +66,8 @@ RANKER_PARAMS: dict[str, Any] = {
     "num_threads": 1,
     "verbose": -1,
 }
+# the registry's routine kinds (nextloc.models.registry, whose import loads torch: a routine answer needs none)
+ROUTINE_KINDS = ("routine", "ranker")
 RANKER_MAX_TREES = 2000
 RANKER_PATIENCE = 100
 
@@ -161,6 +164,9 @@ class RoutineRule:
 class RoutineRanker:
     """The ``ranker`` kind: LightGBM LambdaRank over :data:`~nextloc.routine.CANDIDATE_FEATURES`.
 
+    A model read back from its text answers with :class:`~nextloc.trees.TreeEnsemble` (the same scores as
+    LightGBM's, without importing it) unless it is outside what that covers.
+
     Args:
         seed: LightGBM's seed (its bagging and feature sampling).
         model: a fitted LightGBM model in its text format (from :meth:`state`), or None.
@@ -169,8 +175,10 @@ class RoutineRanker:
     def __init__(self, seed: int = 0, model: str | None = None) -> None:
         self.seed = int(seed)
         self.booster = None
-        if model is not None:
-            import lightgbm
+        self.model = model
+        self.trees = TreeEnsemble.parse(model) if model is not None else None
+        if model is not None and self.trees is None:
+            import lightgbm  # a model the numpy trees do not cover
 
             self.booster = lightgbm.Booster(model_str=model)
 
@@ -193,6 +201,7 @@ class RoutineRanker:
         val_set = lightgbm.Dataset(
             val.features, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
         )
+        self.model, self.trees = None, None
         self.booster = lightgbm.train(
             {**RANKER_PARAMS, "seed": self.seed},
             fit_set,
@@ -207,13 +216,17 @@ class RoutineRanker:
         return int(self.booster.best_iteration or self.booster.current_iteration())
 
     def scores(self, candidates: CandidateSet) -> np.ndarray:
-        if self.booster is None:
+        if self.booster is None and self.trees is None:
             raise RuntimeError("call fit() first")
         if not len(candidates.query):
             return np.zeros(0)
+        if self.trees is not None:
+            return self.trees.predict(candidates.features)
         return self.booster.predict(candidates.features, num_iteration=self.best_iteration)
 
     def state(self) -> dict[str, Any]:
+        if self.booster is None:
+            return {"seed": self.seed, "model": self.model}
         return {"seed": self.seed, "model": self.booster.model_to_string(num_iteration=self.best_iteration)}
 
     @classmethod
@@ -294,7 +307,7 @@ class RoutineData:
             return RoutineRanker(seed).fit(
                 self.candidates["train"], self.targets["train"], self.candidates["val"], self.targets["val"]
             )
-        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(kinds('routine'))}")
+        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
 
     def log_probabilities(self, model: CandidateScorer, split: str) -> np.ndarray:
         """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order."""
@@ -304,9 +317,13 @@ class RoutineData:
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:
     """The inverse of ``model.state()`` for a routine kind."""
-    if kind not in kinds("routine"):
-        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(kinds('routine'))}")
-    return registry.kind(kind).model_class.from_state(state)
+    scorers: dict[str, type[RoutineRule] | type[RoutineRanker]] = {
+        "routine": RoutineRule,
+        "ranker": RoutineRanker,
+    }
+    if kind not in scorers:
+        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
+    return scorers[kind].from_state(state)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The registered models' format: packed histories in, probabilities out; weights and config as plain data.
 
 Registries want one array in and one array out. A history is packed into an int64 array ``(B, T, 6)``
-with the columns :data:`PACKED_FEATURES`, right-padded with 0; :class:`PackedScorer` turns it into
-``(B, total_loc_num)`` probabilities.
+with the columns :data:`PACKED_FEATURES`, right-padded with 0; :class:`~nextloc.packed.PackedScorer` turns
+it into ``(B, total_loc_num)`` probabilities (a routine kind answers visits instead: :mod:`nextloc.ranking`).
 
 A trained model is stored as a *bundle*, a folder that can be read without trusting its author (nothing
 pickled, no code): ``bundle.json`` (the model kind and config, the dataset's full preprocessing config, the
@@ -17,24 +17,22 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import safetensors.numpy
-import safetensors.torch
-import torch
-from torch import nn
 
-from nextloc.baselines import BaselineModule
-from nextloc.config import PreprocessConfig, SampleConfig
-from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch
-from nextloc.models import SeedEnsemble, model_config, model_from_config, registry
+from nextloc.config import PreprocessConfig
 from nextloc.novelty import NewPlaceHead
-from nextloc.ranking import CandidateScorer, RoutineAnswerer, scorer_from_state
+from nextloc.ranking import ROUTINE_KINDS, CandidateScorer, RoutineAnswerer, scorer_from_state
 from nextloc.routine_profile import StoredProfile
 from nextloc.storage import write_json, write_parquet, write_with
 from nextloc.vocabulary import place_centres, place_popularity
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from nextloc.packed import PackedScorer
 
 PACKED_FEATURES = ("location", "start_min", "weekday", "duration_min", "diff_days", "user")
 BUNDLE_FORMAT = 1
@@ -45,47 +43,6 @@ PROFILE_FILE = "profile.parquet"  # a routine kind's users' profile: counts per 
 VOCABULARY_DIR = "vocabulary"
 BUNDLE_ARTIFACT = "bundle"  # the bundle's name among a registered model's artifacts
 DEFAULT_MATCH_RADIUS_M = 50.0
-
-
-def packed_batch(packed: torch.Tensor, duration_cap_min: int = SampleConfig().duration_cap_min) -> Batch:
-    """The :class:`~nextloc.data.Batch` view of packed histories ``(B, T, 6)`` (the inverse of
-    :func:`nextloc.evaluate.pack_batch`); durations are capped at ``duration_cap_min`` first."""
-    packed = packed.long()
-    loc = packed[..., 0]
-    lengths = (loc != 0).sum(dim=1).clamp(min=1)
-    return Batch(
-        loc=loc,
-        time=packed[..., 1] // TIME_SLOT_MIN,
-        weekday=packed[..., 2],
-        duration=packed[..., 3].clamp(max=duration_cap_min) // DURATION_BIN_MIN,
-        diff=packed[..., 4],
-        user=packed[:, 0, 5],
-        lengths=lengths,
-        target=torch.zeros_like(lengths),
-        index=torch.arange(len(lengths), device=packed.device),
-    )
-
-
-class PackedScorer(nn.Module):
-    """Wraps a model: ``(B, T, 6)`` int64 packed histories -> ``(B, V)`` probabilities.
-
-    Args:
-        model: a model (or :class:`~nextloc.baselines.BaselineModule`) taking a Batch.
-        log_prob_output: whether the model returns log-probabilities (else logits/scores, softmaxed).
-        duration_cap_min: the dataset's duration cap (``samples.duration_cap_min`` of its config).
-    """
-
-    def __init__(
-        self, model: nn.Module, log_prob_output: bool, duration_cap_min: int = SampleConfig().duration_cap_min
-    ) -> None:
-        super().__init__()
-        self.model = model
-        self.log_prob_output = log_prob_output
-        self.duration_cap_min = duration_cap_min
-
-    def forward(self, packed: torch.Tensor) -> torch.Tensor:
-        out = self.model(packed_batch(packed, self.duration_cap_min)).float()
-        return out.exp() if self.log_prob_output else out.softmax(dim=-1)
 
 
 def pack_histories(histories: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -165,6 +122,8 @@ class ModelBundle:
         ensemble's members), None if unbounded."""
         if self.scorer is None:
             return None
+        from nextloc.models import SeedEnsemble  # torch: a network's bundle only
+
         model = self.scorer.model
         members = model.members if isinstance(model, SeedEnsemble) else [model]
         limits = [getattr(getattr(m, "config", None), "max_seq_len", None) for m in members]
@@ -202,20 +161,12 @@ def save_bundle(
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if kind in registry.kinds("routine"):
+    if kind in ROUTINE_KINDS:
         spec = _save_routine(folder, kind, model, profile, locations)
-    elif isinstance(model, BaselineModule):
-        params, arrays = model.baseline.state()
-        spec: dict[str, Any] = {"family": "baseline", "params": params, "log_prob_output": False}
-        write_with(lambda tmp: safetensors.numpy.save_file(arrays, str(tmp)), folder / WEIGHTS_FILE)
     else:
-        spec = {
-            "family": "neural",
-            "config": model_config(model),
-            "log_prob_output": registry.kind(kind).log_prob_output,
-        }
-        model = model.cpu()
-        write_with(lambda tmp: safetensors.torch.save_model(model, str(tmp)), folder / WEIGHTS_FILE)
+        from nextloc.packed import save_network  # torch: networks and baselines only
+
+        spec = save_network(folder / WEIGHTS_FILE, kind, model)
     write_json(
         {
             "format": BUNDLE_FORMAT,
@@ -245,7 +196,7 @@ def _save_routine(folder: Path, kind: str, model, profile: pd.DataFrame | None, 
 
 
 def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, locations) -> RoutineAnswerer:
-    if kind not in registry.kinds("routine"):
+    if kind not in ROUTINE_KINDS:
         raise ValueError(f"{folder / BUNDLE_FILE}: field 'kind' {kind!r} is not a routine kind")
     if locations is None:
         raise ValueError(f"{folder}: a {kind!r} bundle needs {VOCABULARY_DIR}/locations.parquet")
@@ -299,20 +250,17 @@ def load_bundle(folder: Path) -> ModelBundle:
     if model_spec["family"] == "routine":
         routine = _load_routine(folder, kind, model_spec, preprocess, vocab["locations"])
         return ModelBundle(scorer=None, routine=routine, **common)
-    if model_spec["family"] == "baseline":
-        baselines = registry.kinds("baseline")
-        if kind not in baselines:
-            raise ValueError(f"{spec_path}: field 'kind' {kind!r} is not a baseline ({sorted(baselines)})")
-        arrays = safetensors.numpy.load_file(str(weights))
-        baseline = registry.kind(kind).model_class.from_state(model_spec["params"], arrays)
-        model: nn.Module = BaselineModule(baseline)
-    else:
-        model = model_from_config(kind, model_spec["config"])
-        missing, unexpected = safetensors.torch.load_model(model, str(weights), strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"{weights}: weights do not fit a {kind!r} model (missing {missing}, unexpected {unexpected})"
-            )
-    model.eval()
-    scorer = PackedScorer(model, bool(model_spec["log_prob_output"]), preprocess.samples.duration_cap_min)
-    return ModelBundle(scorer=scorer.eval(), **common)
+    from nextloc.packed import load_network  # torch: networks and baselines only
+
+    scorer = load_network(weights, kind, model_spec, preprocess.samples.duration_cap_min, spec_path)
+    return ModelBundle(scorer=scorer, **common)
+
+
+def __getattr__(name: str) -> Any:
+    """:class:`~nextloc.packed.PackedScorer` and :func:`~nextloc.packed.packed_batch`, still importable from
+    here (they moved to :mod:`nextloc.packed` so that a routine kind's answer imports no torch)."""
+    if name in ("PackedScorer", "packed_batch"):
+        from nextloc import packed
+
+        return getattr(packed, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from sklearn.neighbors import BallTree
 
 from nextloc.sequences import UNSEEN
 
@@ -28,6 +27,7 @@ EARTH_RADIUS_M = 6_371_000.0
 LOCATION_COLUMNS = ["loc_index", "raw_location_id", "latitude", "longitude", "n_staypoints", "n_train_visits"]
 USER_COLUMNS = ["user_index", "user_id", "data_fingerprint"]
 USER_GROUPS = ("changed", "unchanged", "new_user", "unknown")
+NEAREST_CHUNK = 1 << 21  # distances computed at once by nearest_locations (16 MiB of float64)
 
 
 def location_vocabulary(located: pd.DataFrame, encoded: pd.DataFrame) -> pd.DataFrame:
@@ -107,8 +107,10 @@ def nearest_locations(
     """The location index (``loc_index``) of the nearest centre within ``radius_m`` metres, else 1 (unseen).
 
     One rule for every "which known place is this?": places of another vocabulary
-    (:func:`location_mapping`) and a user's visits (:mod:`nextloc.predict`). The nearest centre is found
-    with a haversine ball tree; the radius test uses the same haversine in metres as everywhere else.
+    (:func:`location_mapping`) and a user's visits (:mod:`nextloc.predict`). The nearest centre is the one at
+    the least haversine distance, every centre measured (in chunks of :data:`NEAREST_CHUNK` distances: a
+    request's few visits take well under a millisecond, and no tree library is imported to answer); the
+    radius test uses the same haversine in metres as everywhere else.
 
     Args:
         latitude: ``(N,)`` degrees.
@@ -126,8 +128,12 @@ def nearest_locations(
         return out
     centre_lat = locations["latitude"].to_numpy(np.float64)
     centre_lon = locations["longitude"].to_numpy(np.float64)
-    tree = BallTree(np.radians(np.column_stack([centre_lat, centre_lon])), metric="haversine")
-    nearest = tree.query(np.radians(np.column_stack([lat, lon])), k=1, return_distance=False)[:, 0]
+    nearest = np.empty(len(lat), dtype=np.int64)
+    step = max(1, NEAREST_CHUNK // len(centre_lat))
+    for start in range(0, len(lat), step):
+        rows = slice(start, start + step)
+        dist = _haversine_m(lat[rows, None], lon[rows, None], centre_lat[None, :], centre_lon[None, :])
+        nearest[rows] = np.argmin(dist, axis=1)
     dist = _haversine_m(lat, lon, centre_lat[nearest], centre_lon[nearest])
     ok = dist <= radius_m
     out[ok] = locations["loc_index"].to_numpy(np.int64)[nearest[ok]]

@@ -5,19 +5,13 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import torch
 
-from nextloc.data import SampleTensors
-from nextloc.duplicates import copied_samples
-from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise, without_copies
 from nextloc.histories import encode_visits, history_visits, to_histories
 from nextloc.history_reader import read_history
-from nextloc.maps import draw_answer, draw_predictions, map_questions
-from nextloc.metrics import RESULT_KEYS
 from nextloc.predict import predict
 from nextloc.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
@@ -25,6 +19,9 @@ from nextloc.visits import parse_time, validate_visits
 from tasks import versions
 from tasks.catalog import Catalog
 from tasks.store import default_tracking_uri
+
+if TYPE_CHECKING:
+    from nextloc.evaluate import ScoreFn
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +66,11 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
     """A registered model's log-probabilities for the samples of one split of a dataset in the model's ids,
     and (routine kinds) their explore features. A routine kind reads the dataset's staypoints: every
     question's whole past."""
+    import torch  # torch, nextloc.data, nextloc.evaluate: evaluating, not answering
+
+    from nextloc.data import SampleTensors
+    from nextloc.evaluate import pack_batch
+
     if bundle.routine is None:
         return lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), None
     catalog = Catalog(str(data_dir))
@@ -89,6 +91,10 @@ def evaluate_registered(
 ) -> dict[str, Any]:
     """Metrics of a registered model on one split of a preprocessed dataset (place metrics first; P(new place)
     from the model's own new-place head, fit on validation when it was trained)."""
+    from nextloc.data import SampleTensors  # torch: evaluating, not answering
+    from nextloc.duplicates import copied_samples
+    from nextloc.evaluate import score_split, without_copies
+
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
     # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
@@ -124,6 +130,8 @@ def predict_registered(
     histories = to_histories(raw, bundle, stamp)
     answers = predict(bundle, histories, k, progress=progress)
     if map_path is not None:
+        from nextloc.maps import draw_predictions  # matplotlib: only with a map
+
         drawn = draw_predictions(histories, answers, bundle.locations, Path(map_path))
         logger.info("map of the first %d of %d answers: %s", len(drawn.panels), len(answers), drawn.path)
     return answers
@@ -151,6 +159,7 @@ def champion_maps(
     Returns:
         the artifact paths logged.
     """
+    from nextloc.maps import draw_answer, map_questions  # matplotlib: only drawing
     from tasks import tracking
 
     bundle = load_registered(kind, version, tracking_uri, experiment)
@@ -182,6 +191,8 @@ def leaderboard_from_mlflow(
     tracking_uri: str | None, experiment: str, latest_data_only: bool = True
 ) -> tuple[dict, str]:
     """Mean +- std over seeds of every test metric (:data:`nextloc.metrics.RESULT_KEYS`) of every model run."""
+    from nextloc.evaluate import summarise  # torch: not for answering
+    from nextloc.metrics import RESULT_KEYS
     from tasks import tracking
 
     tracking.configure(tracking_uri, experiment)
