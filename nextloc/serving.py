@@ -29,7 +29,8 @@ from torch import nn
 from nextloc.baselines import BaselineModule
 from nextloc.config import PreprocessConfig, SampleConfig
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch
-from nextloc.models import SeedEnsemble, model_config, model_from_config, registry
+from nextloc.models import model_config, model_from_config, registry
+from nextloc.models.ensemble import SeedEnsemble
 from nextloc.novelty import NewPlaceHead
 from nextloc.ranking import CandidateScorer, RoutineAnswerer, scorer_from_state
 from nextloc.routine_profile import StoredProfile
