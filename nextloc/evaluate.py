@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
-from nextloc.metrics import DEDUP_KEYS, RESULT_KEYS, MetricAccumulator
+from nextloc.metrics import DEDUP_KEYS, RESULT_KEYS
 from nextloc.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
 from nextloc.sequences import UNSEEN
+from nextloc.tensor_metrics import MetricAccumulator
 
 ScoreFn = Callable[[Batch], torch.Tensor]
 
