@@ -1,5 +1,5 @@
-"""One home for evaluation: scoring a model on a split, the new-place head, summaries over seeds, the
-champion rule's statistics, and the packed form of histories that registered models take.
+"""One home for evaluation: scoring a model on a split, the new-place head, the champion rule's statistics,
+and the packed form of histories that registered models take (summaries over seeds: :mod:`nextloc.leaderboard`).
 
 Protocol (the same data budget as the reference for every headline number): a model is fit on train; every
 choice (epoch, seed, the new-place head's coefficients) is made on validation; test is scored once.
@@ -12,7 +12,7 @@ not noise.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
-from nextloc.metrics import DEDUP_KEYS, RESULT_KEYS
+from nextloc.metrics import DEDUP_KEYS
 from nextloc.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
 from nextloc.sequences import UNSEEN
 from nextloc.tensor_metrics import MetricAccumulator
@@ -175,50 +175,6 @@ def without_copies(per_sample: pd.DataFrame, copied: np.ndarray) -> dict[str, fl
     }
     out["n_test_dedup"] = len(kept)
     return out
-
-
-def summarise(values: Sequence[float]) -> dict[str, float]:
-    """Mean, sample standard deviation (0 for one value) and count of a metric over seeds (NaNs ignored)."""
-    array = np.asarray(values, dtype=float)
-    array = array[~np.isnan(array)]
-    return {
-        "mean": float(array.mean()) if len(array) else float("nan"),
-        "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
-        "n": int(len(array)),
-    }
-
-
-def leaderboard(rows: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Mean +- std over seeds of every result key, per model kind (kinds in first-seen order).
-
-    Args:
-        rows: ``(kind, results)`` per trained run; ``results`` holds :data:`nextloc.metrics.RESULT_KEYS`, and
-            the metrics without copied test samples (:data:`DEDUP_KEYS`), which the board then holds too.
-    """
-    keys = (*RESULT_KEYS, *(k for k in DEDUP_KEYS if any(k in results for _, results in rows)))
-    board: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in dict.fromkeys(kind for kind, _ in rows):
-        runs = [results for k, results in rows if k == kind]
-        board[kind] = {key: summarise([r.get(key, float("nan")) for r in runs]) for key in keys}
-    return board
-
-
-def format_summary(summary: Mapping[str, float] | None, sep: str = " ± ") -> str:
-    """``mean ± std`` (3 decimals below 1, e.g. a Brier score; 2 otherwise), or ``-`` without a value.
-
-    Examples:
-        >>> format_summary({"mean": 43.4912, "std": 0.5, "n": 5})
-        '43.49 ± 0.50'
-    """
-    if not summary or summary["mean"] != summary["mean"]:
-        return "-"
-    digits = 3 if abs(summary["mean"]) < 1 else 2
-    return f"{summary['mean']:.{digits}f}{sep}{summary['std']:.{digits}f}"
-
-
-def rank_board(board: Mapping[str, Mapping[str, Mapping[str, float]]], key: str) -> list[str]:
-    """Model kinds by descending mean of ``key`` (NaN last)."""
-    return sorted(board, key=lambda kind: -np.nan_to_num(board[kind][key]["mean"], nan=-np.inf))
 
 
 # --------------------------------------------------------------------------- #

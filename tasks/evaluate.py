@@ -13,9 +13,10 @@ import torch
 
 from nextloc.data import SampleTensors
 from nextloc.duplicates import copied_samples
-from nextloc.evaluate import ScoreFn, pack_batch, score_split, summarise, without_copies
+from nextloc.evaluate import ScoreFn, pack_batch, score_split, without_copies
 from nextloc.histories import encode_visits, history_visits, to_histories
 from nextloc.history_reader import read_history
+from nextloc.leaderboard import summarise
 from nextloc.maps import draw_answer, draw_predictions, map_questions
 from nextloc.metrics import RESULT_KEYS
 from nextloc.predict import predict
