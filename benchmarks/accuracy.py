@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from nextloc.config import PreprocessConfig
-from nextloc.evaluate import summarise
+from nextloc.leaderboard import summarise
 from nextloc.metrics import RESULT_KEYS
 from nextloc.routine import Routine, VisitLog, queries_for_targets
 

@@ -193,7 +193,7 @@ def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, d
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     model_set, train_set = _kv(args.model_set), _kv(args.train_set)
-    if model_set or train_set:  # what the trainings would reject, before the API starts (this imports torch)
+    if model_set or train_set:  # what the trainings would reject, before the API starts
         from nextloc.models.registry import neural_kinds
         from nextloc.overrides import check_kind_overrides
 
@@ -204,7 +204,7 @@ def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, d
 
 
 def _neural(models: list[str]) -> list[str]:
-    from nextloc.models.registry import neural_kinds  # imports torch
+    from nextloc.models.registry import neural_kinds
 
     return [m for m in models if m in neural_kinds()]
 

@@ -9,8 +9,8 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from nextloc.evaluate import leaderboard
 from nextloc.fingerprint import hash_file
+from nextloc.leaderboard import leaderboard
 from nextloc.metrics import HEADLINE
 from nextloc.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from nextloc.sequences import SPLITS

@@ -2,7 +2,7 @@
 
 Each baseline is built with the vocabulary size ``V`` (``total_loc_num``), fitted with ``fit(train)`` and
 scores a :class:`~nextloc.data.Batch` with ``scores(batch) -> (B, V)`` float32 on the batch's device, so it is
-evaluated with :func:`nextloc.metrics.evaluate_scores` like any model::
+evaluated with :func:`nextloc.tensor_metrics.evaluate_scores` like any model::
 
     markov = MarkovBaseline(total_loc_num).fit(train)
     metrics, _ = evaluate_scores(markov.scores, test)

@@ -1,30 +1,29 @@
-"""One home for evaluation: scoring a model on a split, the new-place head, summaries over seeds, the
-champion rule's statistics, and the packed form of histories that registered models take.
+"""One home for evaluation: scoring a model on a split, the new-place head, and the packed form of histories
+that registered models take (summaries over seeds: :mod:`nextloc.leaderboard`; the champion rule's
+statistics: :mod:`nextloc.champion`).
 
 Protocol (the same data budget as the reference for every headline number): a model is fit on train; every
 choice (epoch, seed, the new-place head's coefficients) is made on validation; test is scored once.
-
-The champion rule (:func:`champion_decision`) is the one rule behind the ``champion`` alias: a challenger
-model kind, trained over one or more seeds, replaces the champion only if it is better on the same test
-samples by at least a minimum effect *and* a paired bootstrap over those samples says the difference is
-not noise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
+from nextloc.champion import (
+    champion_decision as champion_decision,  # re-exported until tasks/promotion.py imports it from nextloc.champion
+)
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
-from nextloc.metrics import DEDUP_KEYS, RESULT_KEYS, MetricAccumulator
+from nextloc.metrics import DEDUP_KEYS
 from nextloc.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
 from nextloc.sequences import UNSEEN
+from nextloc.tensor_metrics import MetricAccumulator
 
 ScoreFn = Callable[[Batch], torch.Tensor]
 
@@ -174,148 +173,6 @@ def without_copies(per_sample: pd.DataFrame, copied: np.ndarray) -> dict[str, fl
     }
     out["n_test_dedup"] = len(kept)
     return out
-
-
-def summarise(values: Sequence[float]) -> dict[str, float]:
-    """Mean, sample standard deviation (0 for one value) and count of a metric over seeds (NaNs ignored)."""
-    array = np.asarray(values, dtype=float)
-    array = array[~np.isnan(array)]
-    return {
-        "mean": float(array.mean()) if len(array) else float("nan"),
-        "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
-        "n": int(len(array)),
-    }
-
-
-def leaderboard(rows: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Mean +- std over seeds of every result key, per model kind (kinds in first-seen order).
-
-    Args:
-        rows: ``(kind, results)`` per trained run; ``results`` holds :data:`nextloc.metrics.RESULT_KEYS`, and
-            the metrics without copied test samples (:data:`DEDUP_KEYS`), which the board then holds too.
-    """
-    keys = (*RESULT_KEYS, *(k for k in DEDUP_KEYS if any(k in results for _, results in rows)))
-    board: dict[str, dict[str, dict[str, float]]] = {}
-    for kind in dict.fromkeys(kind for kind, _ in rows):
-        runs = [results for k, results in rows if k == kind]
-        board[kind] = {key: summarise([r.get(key, float("nan")) for r in runs]) for key in keys}
-    return board
-
-
-def format_summary(summary: Mapping[str, float] | None, sep: str = " ± ") -> str:
-    """``mean ± std`` (3 decimals below 1, e.g. a Brier score; 2 otherwise), or ``-`` without a value.
-
-    Examples:
-        >>> format_summary({"mean": 43.4912, "std": 0.5, "n": 5})
-        '43.49 ± 0.50'
-    """
-    if not summary or summary["mean"] != summary["mean"]:
-        return "-"
-    digits = 3 if abs(summary["mean"]) < 1 else 2
-    return f"{summary['mean']:.{digits}f}{sep}{summary['std']:.{digits}f}"
-
-
-def rank_board(board: Mapping[str, Mapping[str, Mapping[str, float]]], key: str) -> list[str]:
-    """Model kinds by descending mean of ``key`` (NaN last)."""
-    return sorted(board, key=lambda kind: -np.nan_to_num(board[kind][key]["mean"], nan=-np.inf))
-
-
-# --------------------------------------------------------------------------- #
-# the champion rule
-# --------------------------------------------------------------------------- #
-
-
-def paired_bootstrap(
-    challenger: np.ndarray, champion: np.ndarray, n_boot: int = 2000, seed: int = 0
-) -> dict[str, float]:
-    """Paired bootstrap over samples of the mean difference ``challenger - champion``.
-
-    Args:
-        challenger: ``(N,)`` per-sample outcome (e.g. place reciprocal rank x 100, averaged over seeds).
-        champion: ``(N,)`` the same samples' outcome for the champion.
-        n_boot: resamples.
-        seed: the resampling seed (the test is deterministic).
-
-    Returns:
-        ``delta`` (the observed mean difference), ``ci_low`` / ``ci_high`` (95% percentile interval) and
-        ``p_value``: the one-sided probability of a difference ``<= 0`` (the share of resampled differences
-        that are ``<= 0``, with the +1 correction).
-    """
-    a = np.asarray(challenger, dtype=np.float64)
-    b = np.asarray(champion, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or not len(a):
-        raise ValueError(f"need two equal, non-empty per-sample arrays, got {a.shape} and {b.shape}")
-    diff = a - b
-    rng = np.random.default_rng(seed)
-    means = np.empty(n_boot)
-    for start in range(0, n_boot, 256):  # bounded memory: 256 resamples at a time
-        stop = min(start + 256, n_boot)
-        idx = rng.integers(0, len(diff), size=(stop - start, len(diff)))
-        means[start:stop] = diff[idx].mean(axis=1)
-    return {
-        "delta": float(diff.mean()),
-        "ci_low": float(np.quantile(means, 0.025)),
-        "ci_high": float(np.quantile(means, 0.975)),
-        "p_value": float((1 + np.sum(means <= 0)) / (n_boot + 1)),
-    }
-
-
-def champion_decision(
-    challenger: np.ndarray,
-    champion: np.ndarray | None,
-    groups: np.ndarray | None = None,
-    min_effect: float = 0.5,
-    alpha: float = 0.05,
-    n_boot: int = 2000,
-) -> dict[str, Any]:
-    """The champion rule: replace the champion only for a real, large enough improvement.
-
-    Args:
-        challenger: ``(S, N)`` or ``(N,)`` per-sample outcomes of the challenger kind on the test samples,
-            one row per seed trained (the mean over seeds is compared, so one lucky seed cannot win).
-        champion: ``(N,)`` the champion's outcomes on the same samples, or None when there is no champion.
-        groups: ``(N,)`` optional label per sample (e.g. whether the sample's user has new data); the mean
-            difference is reported per group.
-        min_effect: the smallest mean improvement (in the outcome's unit, points) worth a promotion.
-        alpha: the largest bootstrap p-value accepted.
-        n_boot: bootstrap resamples.
-
-    Returns:
-        ``promoted``, ``reason``, ``challenger_score`` and, with a champion, ``champion_score``, ``delta``,
-        ``ci_low``, ``ci_high``, ``p_value``, ``min_effect``, ``alpha``, ``test`` and ``groups``
-        (``{group: {"n": ..., "delta": ...}}``).
-    """
-    rows = np.atleast_2d(np.asarray(challenger, dtype=np.float64))
-    mean = rows.mean(axis=0)
-    decision: dict[str, Any] = {"challenger_score": float(mean.mean()), "seeds": int(rows.shape[0])}
-    if champion is None:
-        decision.update(promoted=True, reason="no champion yet")
-        return decision
-    champion = np.asarray(champion, dtype=np.float64)
-    stats = paired_bootstrap(mean, champion, n_boot=n_boot)
-    decision.update(
-        champion_score=float(champion.mean()),
-        **stats,
-        min_effect=float(min_effect),
-        alpha=float(alpha),
-        test=f"paired bootstrap over {len(mean)} test samples ({n_boot} resamples), one-sided",
-    )
-    if groups is not None:
-        groups = np.asarray(groups)
-        decision["groups"] = {
-            str(g): {"n": int((groups == g).sum()), "delta": float((mean - champion)[groups == g].mean())}
-            for g in dict.fromkeys(groups.tolist())
-        }
-    big_enough = stats["delta"] >= min_effect
-    significant = stats["p_value"] < alpha
-    decision["promoted"] = bool(big_enough and significant)
-    decision["reason"] = (
-        f"challenger {'better' if decision['promoted'] else 'not better'}: "
-        f"{decision['challenger_score']:.2f} vs {decision['champion_score']:.2f} "
-        f"(delta {stats['delta']:+.2f}, 95% CI [{stats['ci_low']:+.2f}, {stats['ci_high']:+.2f}], "
-        f"p {stats['p_value']:.3f}; needs delta >= {min_effect:g} and p < {alpha:g})"
-    )
-    return decision
 
 
 # --------------------------------------------------------------------------- #

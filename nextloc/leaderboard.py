@@ -1,11 +1,12 @@
 """One leaderboard, three renderings: the training parent run's description and the run summary (Markdown),
 and the terminal tables of ``nextloc train`` / ``nextloc compare`` (rich).
 
-:func:`build_leaderboard` turns a board (:func:`nextloc.evaluate.leaderboard`: per model kind the mean,
-standard deviation and count over seeds of every result key) and the champion decisions into rows, best test
-place Acc@1 first. The renderers only lay the rows out: they share the metric families and the cell format
-(:func:`nextloc.evaluate.format_summary`) and keep their own titles, which the surfaces have always shown.
-A champion decision is told by one sentence (:func:`decision_text`), the same on every surface.
+:func:`leaderboard` aggregates the runs' results into a board (per model kind the mean, standard deviation
+and count over seeds of every result key, :func:`summarise`); :func:`build_leaderboard` turns a board and
+the champion decisions into rows, best test place Acc@1 first. The renderers only lay the rows out: they
+share the metric families and the cell format (:func:`format_summary`) and keep their own titles, which the
+surfaces have always shown. A champion decision is told by one sentence (:func:`decision_text`), the same on
+every surface. Pure aggregation: no torch (the train flow builds the board on every run, cached or not).
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from nextloc.evaluate import format_summary, rank_board
-from nextloc.metrics import HEADLINE, NEW_PLACE_KEYS, PLACE_KEYS, REFERENCE_KEYS
+from nextloc.metrics import DEDUP_KEYS, HEADLINE, NEW_PLACE_KEYS, PLACE_KEYS, REFERENCE_KEYS, RESULT_KEYS
 
-#: ``{"mean": ..., "std": ..., "n": ...}`` of one metric over seeds (:func:`nextloc.evaluate.summarise`)
+#: ``{"mean": ..., "std": ..., "n": ...}`` of one metric over seeds (:func:`summarise`)
 Summary = Mapping[str, float]
-#: model kind -> result key -> summary (:func:`nextloc.evaluate.leaderboard`)
+#: model kind -> result key -> summary (:func:`leaderboard`)
 Board = Mapping[str, Mapping[str, Summary]]
 
 #: the metric families of the full tables (run summary, terminal), in the order they are shown
@@ -43,6 +44,50 @@ TERMINAL_TITLES = {
     "new_place": "P(new place): share of new targets, ROC-AUC (%), Brier",
     "reference": "reference protocol metrics (%): classes 0 and 1 ranked too",
 }
+
+
+def summarise(values: Sequence[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (0 for one value) and count of a metric over seeds (NaNs ignored)."""
+    array = np.asarray(values, dtype=float)
+    array = array[~np.isnan(array)]
+    return {
+        "mean": float(array.mean()) if len(array) else float("nan"),
+        "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
+        "n": int(len(array)),
+    }
+
+
+def leaderboard(rows: Sequence[tuple[str, Mapping[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Mean +- std over seeds of every result key, per model kind (kinds in first-seen order).
+
+    Args:
+        rows: ``(kind, results)`` per trained run; ``results`` holds :data:`nextloc.metrics.RESULT_KEYS`, and
+            the metrics without copied test samples (:data:`DEDUP_KEYS`), which the board then holds too.
+    """
+    keys = (*RESULT_KEYS, *(k for k in DEDUP_KEYS if any(k in results for _, results in rows)))
+    board: dict[str, dict[str, dict[str, float]]] = {}
+    for kind in dict.fromkeys(kind for kind, _ in rows):
+        runs = [results for k, results in rows if k == kind]
+        board[kind] = {key: summarise([r.get(key, float("nan")) for r in runs]) for key in keys}
+    return board
+
+
+def format_summary(summary: Mapping[str, float] | None, sep: str = " ± ") -> str:
+    """``mean ± std`` (3 decimals below 1, e.g. a Brier score; 2 otherwise), or ``-`` without a value.
+
+    Examples:
+        >>> format_summary({"mean": 43.4912, "std": 0.5, "n": 5})
+        '43.49 ± 0.50'
+    """
+    if not summary or summary["mean"] != summary["mean"]:
+        return "-"
+    digits = 3 if abs(summary["mean"]) < 1 else 2
+    return f"{summary['mean']:.{digits}f}{sep}{summary['std']:.{digits}f}"
+
+
+def rank_board(board: Mapping[str, Mapping[str, Mapping[str, float]]], key: str) -> list[str]:
+    """Model kinds by descending mean of ``key`` (NaN last)."""
+    return sorted(board, key=lambda kind: -np.nan_to_num(board[kind][key]["mean"], nan=-np.inf))
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ class ModelBundle:
         ensemble's members), None if unbounded."""
         if self.scorer is None:
             return None
-        from nextloc.models import SeedEnsemble  # torch: a network's bundle only
+        from nextloc.models.ensemble import SeedEnsemble  # torch: a network's bundle only
 
         model = self.scorer.model
         members = model.members if isinstance(model, SeedEnsemble) else [model]

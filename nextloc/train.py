@@ -61,11 +61,11 @@ from torch import nn
 
 from nextloc import optim, resume
 from nextloc.data import SampleTensors, by_length
-from nextloc.metrics import MetricAccumulator
 from nextloc.models.dropout import PCG64Dropout, drawing_from
 from nextloc.models.ensemble import SeedEnsemble
 from nextloc.overrides import check_kind_overrides as check_kind_overrides  # re-exported
 from nextloc.resume import TrainingObjects
+from nextloc.tensor_metrics import MetricAccumulator
 from nextloc.train_config import TrainConfig as TrainConfig  # re-exported
 
 logger = logging.getLogger(__name__)

@@ -191,7 +191,7 @@ def leaderboard_from_mlflow(
     tracking_uri: str | None, experiment: str, latest_data_only: bool = True
 ) -> tuple[dict, str]:
     """Mean +- std over seeds of every test metric (:data:`nextloc.metrics.RESULT_KEYS`) of every model run."""
-    from nextloc.evaluate import summarise  # torch: not for answering
+    from nextloc.leaderboard import summarise
     from nextloc.metrics import RESULT_KEYS
     from tasks import tracking
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from nextloc.metric_keys import HEADLINE
+from nextloc.metrics import HEADLINE
 from nextloc.serving import BUNDLE_ARTIFACT, BUNDLE_FILE
 
 if TYPE_CHECKING:

@@ -3,22 +3,25 @@
 Every model takes a frozen config dataclass, consumes a :class:`nextloc.data.Batch` and returns
 ``(B, total_loc_num)`` scores over the whole location vocabulary (ids 0 and 1 included, nothing masked):
 logits or log-probabilities, as its entry's ``log_prob_output`` says.
+
+This package imports no torch: the registry names the networks by ``"module:Class"``
+(:attr:`~nextloc.models.registry.Kind.model_class` imports one when a model is built) and the configs live
+in :mod:`nextloc.models.configs`. The networks themselves are :mod:`nextloc.models.mhsa`,
+:mod:`nextloc.models.lstm`, :mod:`nextloc.models.pointer` and :mod:`nextloc.models.ensemble`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, fields
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from nextloc.models import registry
-from nextloc.models.ensemble import SeedEnsemble
-from nextloc.models.lstm import LSTMConfig, LSTMModel
-from nextloc.models.mhsa import MHSA, MHSAConfig
-from nextloc.models.pointer import PointerConfig, PointerGenerator
+from nextloc.models.configs import LSTMConfig, MHSAConfig, PointerConfig
 from nextloc.models.registry import KINDS, Kind, kinds, neural_kinds
+
+if TYPE_CHECKING:
+    from torch import nn
 
 _VOCABULARY = frozenset({"total_loc_num", "total_user_num"})
 
@@ -78,6 +81,8 @@ def _network(kind: str) -> Kind:
 def model_config(model: nn.Module) -> dict[str, Any]:
     """A model's full config as plain data: ``asdict(model.config)``, or for a :class:`SeedEnsemble` its
     members' configs. :func:`model_from_config` rebuilds the model from it."""
+    from nextloc.models.ensemble import SeedEnsemble  # torch: imported already, as ``model`` is a module
+
     if isinstance(model, SeedEnsemble):
         return {
             "members": [asdict(member.config) for member in model.members],
@@ -103,7 +108,7 @@ def model_from_config(kind: str, config: dict[str, Any]) -> nn.Module:
         if not isinstance(config.get("members"), list) or not config["members"]:
             raise ValueError(f"model config of ensemble kind {kind!r} needs a non-empty 'members' list")
         members = [model_from_config(member.name, m) for m in config["members"]]
-        return SeedEnsemble(members, bool(config.get("log_prob_output", member.log_prob_output)))
+        return entry.model_class(members, bool(config.get("log_prob_output", member.log_prob_output)))
     entry = _network(kind)
     unknown = sorted(set(config) - {f.name for f in fields(entry.config)})
     if unknown:
@@ -118,14 +123,10 @@ def count_parameters(model: nn.Module) -> int:
 
 __all__ = [
     "KINDS",
-    "MHSA",
     "Kind",
     "LSTMConfig",
-    "LSTMModel",
     "MHSAConfig",
     "PointerConfig",
-    "PointerGenerator",
-    "SeedEnsemble",
     "build_model",
     "check_model_overrides",
     "count_parameters",

@@ -16,38 +16,12 @@ the packed run's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from nextloc.data import Batch
+from nextloc.models.configs import LSTMConfig
 from nextloc.models.embedding import ContextEmbedding, ResidualHead, last_valid
-
-
-@dataclass(frozen=True)
-class LSTMConfig:
-    """LSTM hyper-parameters; defaults are the GeoLife reference (``config_LSTM_geolife.yaml``).
-
-    Attributes:
-        total_loc_num: location vocabulary size, output width.
-        total_user_num: user vocabulary size.
-        emb_size: embedding width (LSTM input).
-        hidden_size: LSTM hidden width (and head width).
-        num_layers: LSTM layers.
-        lstm_dropout: dropout between LSTM layers (ignored with one layer).
-        dropout: dropout of the embedding and of the head input.
-        fc_dropout: dropout inside the head's residual block.
-    """
-
-    total_loc_num: int
-    total_user_num: int
-    emb_size: int = 32
-    hidden_size: int = 128
-    num_layers: int = 2
-    lstm_dropout: float = 0.2
-    dropout: float = 0.1
-    fc_dropout: float = 0.2
 
 
 class LSTMModel(nn.Module):

@@ -8,12 +8,11 @@ configuration has 112,547 trainable parameters (``total_loc_num=1187``, ``total_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from nextloc.data import Batch
+from nextloc.models.configs import MHSAConfig
 from nextloc.models.embedding import (
     ContextEmbedding,
     MaskedEncoderLayer,
@@ -22,38 +21,6 @@ from nextloc.models.embedding import (
     valid_mask,
     xavier_init,
 )
-
-
-@dataclass(frozen=True)
-class MHSAConfig:
-    """MHSA hyper-parameters; defaults are the GeoLife reference (``config/geolife/transformer.yml``).
-
-    Attributes:
-        total_loc_num: location vocabulary size, output width (0 pad, 1 unseen, 2.. known).
-        total_user_num: user vocabulary size (users are 1..U-1).
-        d_model: embedding and model width.
-        nhead: attention heads.
-        dim_feedforward: feed-forward width of each encoder layer.
-        num_layers: encoder layers.
-        dropout: dropout of the embedding, the encoder layers and the head input (0.1 everywhere in the reference).
-        fc_dropout: dropout inside the head's residual block.
-        diagonal_mask: ablation; no position may attend to itself (on top of the causal mask). The first
-            position then attends to nothing and its attention output is the out-projection bias.
-    """
-
-    total_loc_num: int
-    total_user_num: int
-    d_model: int = 32
-    nhead: int = 8
-    dim_feedforward: int = 128
-    num_layers: int = 2
-    dropout: float = 0.1
-    fc_dropout: float = 0.2
-    diagonal_mask: bool = False
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.nhead:
-            raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}")
 
 
 class MHSA(nn.Module):

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nextloc.data import Batch
+from nextloc.models.configs import PointerConfig
 from nextloc.models.embedding import MaskedEncoderLayer, last_valid, sinusoidal_table, valid_mask, xavier_init
 
 # Reference embedding vocabularies (inputs are clamped into them).
@@ -55,63 +55,6 @@ WEEKDAY_VOCAB = 8  # 0..6, + 1 spare
 RECENCY_VOCAB = 9  # diff in 0..7, + 1 spare
 DURATION_VOCAB = 100  # duration // 30 in 0..95, + spares
 LOG_EPS = 1e-10
-
-
-@dataclass(frozen=True)
-class PointerConfig:
-    """Pointer V45 hyper-parameters; defaults are the GeoLife reference (``config_pointer_v45_geolife.yaml``).
-
-    Attributes:
-        total_loc_num: location vocabulary size ``V`` (0 pad, 1 unseen, 2.. known).
-        total_user_num: user vocabulary size ``U``.
-        d_model: model width ``d`` (divisible by 4 and by ``nhead``).
-        nhead: attention heads.
-        num_layers: encoder layers.
-        dim_feedforward: feed-forward width.
-        dropout: dropout of the encoder layers.
-        max_seq_len: ``M``, the longest history the model accepts (reference: max history length + 10 = 64).
-            Sizes the sinusoidal table, the position-from-end embedding (``M + 1`` rows, indices clamped to
-            ``M - 1``) and the pointer position bias (``M``).
-        use_frequency_bias: add the learned copy prior ``beta * log(1 + count)`` to the pointer scores.
-        causal: causal self-attention (position ``t`` sees positions ``<= t``); the reference is bidirectional.
-        dense_loss_weight: with ``causal``, also train every history position to predict the next history
-            location (pointer over the positions up to it), weighted by this factor; the main loss on the
-            real target is unchanged. This multiplies the training signal by the history length at no
-            extra encoder cost.
-        mask_unknown_copy: the pointer cannot copy history positions holding id 1 (see the module docstring).
-        unknown_dropout: training-time probability of replacing a known history location by 1.
-        unknown_dropout_by_location: draw ``unknown_dropout`` per distinct location of a sample (all its
-            occurrences, and a target equal to it, become 1) instead of per history position.
-    """
-
-    total_loc_num: int
-    total_user_num: int
-    d_model: int = 64
-    nhead: int = 4
-    num_layers: int = 2
-    dim_feedforward: int = 128
-    dropout: float = 0.15
-    max_seq_len: int = 64
-    use_frequency_bias: bool = False
-    causal: bool = False
-    dense_loss_weight: float = 0.0
-    mask_unknown_copy: bool = False
-    unknown_dropout: float = 0.0
-    unknown_dropout_by_location: bool = False
-
-    def __post_init__(self) -> None:
-        if self.d_model % 4:
-            raise ValueError(f"d_model={self.d_model} must be divisible by 4")
-        if self.d_model % self.nhead:
-            raise ValueError(f"d_model={self.d_model} is not divisible by nhead={self.nhead}")
-        if self.max_seq_len < 1:
-            raise ValueError(f"max_seq_len={self.max_seq_len} must be >= 1")
-        if self.dense_loss_weight and not self.causal:
-            raise ValueError(
-                "dense_loss_weight > 0 needs causal=True (earlier positions must not see later ones)"
-            )
-        if not 0.0 <= self.unknown_dropout < 1.0:
-            raise ValueError(f"unknown_dropout={self.unknown_dropout} must be in [0, 1)")
 
 
 class PointerGenerator(nn.Module):

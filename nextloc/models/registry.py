@@ -7,6 +7,11 @@ its classes, presets, training recipe, output type and a one-line description. E
 flows' choices, the neural kinds the overrides may name, the help text) is derived from :data:`KINDS`.
 
 Adding a kind is its module plus one entry in :data:`KINDS`.
+
+The entries name their model classes as ``"module:Class"`` strings, imported on first use
+(:attr:`Kind.model_class`): reading the registry (every flow, ``nextloc run``'s cached path) imports neither
+torch nor LightGBM. The config dataclasses are torch-free (:mod:`nextloc.models.configs`) and held as classes:
+the typed overrides read their fields.
 """
 
 from __future__ import annotations
@@ -17,17 +22,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from nextloc.baselines import LastLocationBaseline, MarkovBaseline, MostFrequentBaseline
-from nextloc.models.lstm import LSTMConfig, LSTMModel
-from nextloc.models.mhsa import MHSA, MHSAConfig
-from nextloc.models.pointer import PointerConfig, PointerGenerator
+from nextloc.models.configs import LSTMConfig, MHSAConfig, PointerConfig
 from nextloc.train_config import TrainConfig
 
 Family = Literal["neural", "ensemble", "baseline", "routine"]
 FAMILIES: tuple[Family, ...] = ("neural", "ensemble", "baseline", "routine")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Kind:
     """One model kind.
 
@@ -36,10 +38,10 @@ class Kind:
         family: ``neural``, ``ensemble``, ``baseline`` or ``routine`` (see the module docstring).
         description: one line for help text.
         log_prob_output: whether the model's scores are log-probabilities (True) or logits (False).
-        model: the model class (neural: an ``nn.Module`` taking ``config``; baseline: a class with
-            ``fit``/``scores``/``state``/``from_state``), or ``"module:Class"`` for one imported on first
-            use (the routine kinds: pandas and LightGBM stay out of ``import nextloc.models``).
-        config: neural: the frozen config dataclass ``model`` takes.
+        model: the model class as ``"module:Class"``, imported on first use (:attr:`model_class`). Neural: an
+            ``nn.Module`` taking ``config``; ensemble: the module averaging the members; baseline: a class
+            with ``fit``/``scores``/``state``/``from_state``; routine: :mod:`nextloc.ranking`'s.
+        config: neural: the frozen config dataclass ``model`` takes (:mod:`nextloc.models.configs`).
         presets: neural: config values that differ from ``config``'s defaults.
         recipe: neural: the training recipe (:meth:`TrainConfig.for_recipe` starts from it).
         member: ensemble: the neural kind trained for each member.
@@ -51,7 +53,7 @@ class Kind:
     family: Family
     description: str
     log_prob_output: bool
-    model: type | str | None = None
+    model: str
     config: type | None = None
     presets: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     recipe: TrainConfig | None = None
@@ -60,23 +62,18 @@ class Kind:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "presets", MappingProxyType(dict(self.presets)))
-        neural = (self.config, self.recipe, self.model)
-        if self.family == "neural" and any(part is None for part in neural):
-            raise ValueError(f"neural kind {self.name!r} needs a model, a config and a recipe")
+        if self.model.count(":") != 1:
+            raise ValueError(f"{self.family} kind {self.name!r} needs a model class as 'module:Class'")
+        if self.family == "neural" and (self.config is None or self.recipe is None):
+            raise ValueError(f"neural kind {self.name!r} needs a config and a recipe")
         if self.family == "ensemble" and (self.member is None or self.size < 2):
             raise ValueError(f"ensemble kind {self.name!r} needs a member kind and a size >= 2")
-        if self.family in ("baseline", "routine") and self.model is None:
-            raise ValueError(f"{self.family} kind {self.name!r} needs a model class")
 
     @property
     def model_class(self) -> type:
-        """The model class (imported now when the entry names it as ``"module:Class"``)."""
-        if isinstance(self.model, str):
-            module, name = self.model.split(":")
-            return getattr(importlib.import_module(module), name)
-        if self.model is None:
-            raise ValueError(f"{self.family} kind {self.name!r} has no model class of its own")
-        return self.model
+        """The model class, imported now (the network and baseline modules import torch)."""
+        module, name = self.model.split(":")
+        return getattr(importlib.import_module(module), name)
 
     @property
     def trained(self) -> Kind:
@@ -134,73 +131,108 @@ POINTER_PLUS_RECIPE = _recipe(
 POINTER_PLUS_REFIT_RECIPE = _recipe(POINTER_PLUS_RECIPE, monitor="val_mrr", refit_on_train_val=True)
 
 _ENTRIES = (
-    Kind("mhsa", "neural", "MHSA, the reference transformer", False, MHSA, MHSAConfig, recipe=MHSA_RECIPE),
     Kind(
-        "mhsa_diagonal",
-        "neural",
-        "MHSA with diagonal-masked self-attention (ablation)",
-        False,
-        MHSA,
-        MHSAConfig,
+        name="mhsa",
+        family="neural",
+        description="MHSA, the reference transformer",
+        log_prob_output=False,
+        model="nextloc.models.mhsa:MHSA",
+        config=MHSAConfig,
+        recipe=MHSA_RECIPE,
+    ),
+    Kind(
+        name="mhsa_diagonal",
+        family="neural",
+        description="MHSA with diagonal-masked self-attention (ablation)",
+        log_prob_output=False,
+        model="nextloc.models.mhsa:MHSA",
+        config=MHSAConfig,
         presets={"diagonal_mask": True},
         recipe=MHSA_RECIPE,
     ),
     Kind(
-        "pointer",
-        "neural",
-        "the reference pointer-generator (Pointer V45)",
-        True,
-        PointerGenerator,
-        PointerConfig,
+        name="pointer",
+        family="neural",
+        description="the reference pointer-generator (Pointer V45)",
+        log_prob_output=True,
+        model="nextloc.models.pointer:PointerGenerator",
+        config=PointerConfig,
         recipe=POINTER_RECIPE,
     ),
     Kind(
-        "pointer_plus",
-        "neural",
-        "nextloc's pointer: causal encoder, chosen on place MRR",
-        True,
-        PointerGenerator,
-        PointerConfig,
+        name="pointer_plus",
+        family="neural",
+        description="nextloc's pointer: causal encoder, chosen on place MRR",
+        log_prob_output=True,
+        model="nextloc.models.pointer:PointerGenerator",
+        config=PointerConfig,
         # chosen on validation place MRR (5 seeds each): no copying of the unseen token, and unknown-place
         # augmentation so that the 1s of later histories mean something to the model
         presets={"causal": True, "mask_unknown_copy": True, "unknown_dropout": 0.1},
         recipe=POINTER_PLUS_RECIPE,
     ),
     Kind(
-        "pointer_plus_refit",
-        "neural",
-        "causal pointer refit on train + val (outside the reference data budget)",
-        True,
-        PointerGenerator,
-        PointerConfig,
+        name="pointer_plus_refit",
+        family="neural",
+        description="causal pointer refit on train + val (outside the reference data budget)",
+        log_prob_output=True,
+        model="nextloc.models.pointer:PointerGenerator",
+        config=PointerConfig,
         presets={"causal": True},
         recipe=POINTER_PLUS_REFIT_RECIPE,
     ),
     Kind(
-        "pointer_plus_ensemble",
-        "ensemble",
-        "five pointer_plus seeds, probabilities averaged",
-        True,
+        name="pointer_plus_ensemble",
+        family="ensemble",
+        description="five pointer_plus seeds, probabilities averaged",
+        log_prob_output=True,
+        model="nextloc.models.ensemble:SeedEnsemble",
         member="pointer_plus",
         size=5,
     ),
-    Kind("lstm", "neural", "the reference LSTM", False, LSTMModel, LSTMConfig, recipe=LSTM_RECIPE),
-    Kind("markov", "baseline", "first-order Markov chain (per user, then global)", False, MarkovBaseline),
-    Kind("most_frequent", "baseline", "the most visited place of the history", False, MostFrequentBaseline),
-    Kind("last_location", "baseline", "the last place of the history", False, LastLocationBaseline),
     Kind(
-        "routine",
-        "routine",
-        "weighted routine features (weights chosen on val)",
-        True,
-        "nextloc.ranking:RoutineRule",
+        name="lstm",
+        family="neural",
+        description="the reference LSTM",
+        log_prob_output=False,
+        model="nextloc.models.lstm:LSTMModel",
+        config=LSTMConfig,
+        recipe=LSTM_RECIPE,
     ),
     Kind(
-        "ranker",
-        "routine",
-        "LightGBM LambdaRank over routine features",
-        True,
-        "nextloc.ranking:RoutineRanker",
+        name="markov",
+        family="baseline",
+        description="first-order Markov chain (per user, then global)",
+        log_prob_output=False,
+        model="nextloc.baselines:MarkovBaseline",
+    ),
+    Kind(
+        name="most_frequent",
+        family="baseline",
+        description="the most visited place of the history",
+        log_prob_output=False,
+        model="nextloc.baselines:MostFrequentBaseline",
+    ),
+    Kind(
+        name="last_location",
+        family="baseline",
+        description="the last place of the history",
+        log_prob_output=False,
+        model="nextloc.baselines:LastLocationBaseline",
+    ),
+    Kind(
+        name="routine",
+        family="routine",
+        description="weighted routine features (weights chosen on val)",
+        log_prob_output=True,
+        model="nextloc.ranking:RoutineRule",
+    ),
+    Kind(
+        name="ranker",
+        family="routine",
+        description="LightGBM LambdaRank over routine features",
+        log_prob_output=True,
+        model="nextloc.ranking:RoutineRanker",
     ),
 )
 

@@ -27,7 +27,7 @@ from nextloc.baselines import (
     transition_pairs,
 )
 from nextloc.data import SampleTensors
-from nextloc.metrics import evaluate_scores
+from nextloc.tensor_metrics import evaluate_scores
 
 V = 10
 

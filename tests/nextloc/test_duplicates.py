@@ -160,7 +160,7 @@ class TestOption:
             load_config(overrides=overrides)
 
     def test_leaderboard_holds_them_when_runs_give_them(self) -> None:
-        from nextloc.evaluate import leaderboard
+        from nextloc.leaderboard import leaderboard
         from nextloc.metrics import RESULT_KEYS
 
         plain = {k: 10.0 for k in RESULT_KEYS}

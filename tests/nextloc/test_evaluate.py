@@ -9,19 +9,10 @@ import pytest
 import torch
 
 from nextloc.baselines import BaselineModule
+from nextloc.champion import champion_decision, paired_bootstrap
 from nextloc.data import Batch
-from nextloc.evaluate import (
-    champion_decision,
-    evaluate,
-    format_summary,
-    leaderboard,
-    model_scores,
-    pack_batch,
-    paired_bootstrap,
-    rank_board,
-    score_split,
-    summarise,
-)
+from nextloc.evaluate import evaluate, model_scores, pack_batch, score_split
+from nextloc.leaderboard import format_summary, leaderboard, rank_board, summarise
 from nextloc.metrics import METRIC_KEYS, RESULT_KEYS
 from nextloc.models import build_model
 from nextloc.models.registry import KINDS, kinds

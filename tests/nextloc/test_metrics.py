@@ -1,4 +1,5 @@
-"""Tests for :mod:`nextloc.metrics`: the rank convention, every metric by hand, per-user results.
+"""Tests for :mod:`nextloc.metrics` (and its tensors, :mod:`nextloc.tensor_metrics`): the rank convention,
+every metric by hand, per-user results.
 
 Convention under test: scores over the whole vocabulary (classes 0 and 1 included, nothing masked);
 ``rank = 1 + #(score > s_y) + #(score == s_y and index < y)`` (a stable descending sort); Acc@k = rank <= k;
@@ -16,16 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score
 
-from nextloc.metrics import (
-    METRIC_KEYS,
-    MetricAccumulator,
-    _weighted_f1,
-    evaluate_scores,
-    new_place_metrics,
-    place_ranks,
-    rank_metrics,
-    target_ranks,
-)
+from nextloc.metrics import METRIC_KEYS, new_place_metrics, rank_metrics, weighted_f1
+from nextloc.tensor_metrics import MetricAccumulator, evaluate_scores, place_ranks, target_ranks
 
 
 def _ranks(scores: list[list[float]], target: list[int]) -> list[int]:
@@ -190,7 +183,7 @@ class TestMetricAccumulator:
         targets = np.array([t for t, _ in pairs], dtype=np.int64)
         predicted = np.array([p for _, p in pairs], dtype=np.int64)
         want = float(f1_score(targets, predicted, average="weighted", zero_division=0) * 100)
-        assert _weighted_f1(targets, predicted) == want
+        assert weighted_f1(targets, predicted) == want
 
     def test_weighted_f1_of_a_split_is_sklearns_bit_for_bit(self):
         """A split-sized case: 3,500 samples over 1,200 classes, as GeoLife's test split."""
@@ -198,7 +191,7 @@ class TestMetricAccumulator:
         targets = rng.integers(1, 1200, 3500)
         predicted = np.where(rng.random(3500) < 0.4, targets, rng.integers(2, 1200, 3500))
         want = float(f1_score(targets, predicted, average="weighted", zero_division=0) * 100)
-        assert _weighted_f1(targets, predicted) == want
+        assert weighted_f1(targets, predicted) == want
 
     def test_f1_uses_lowest_index_among_tied_maxima(self):
         """Both rows tie classes 2 and 3 at the top; top1 = 2 for both, so only the first (y=2) is right:

@@ -13,12 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nextloc.data import Batch
-from nextloc.models import (
-    SeedEnsemble,
-    build_model,
-    count_parameters,
-)
+from nextloc.models import build_model, count_parameters
 from nextloc.models.embedding import MaskedEncoderLayer, last_valid
+from nextloc.models.ensemble import SeedEnsemble
 from nextloc.models.registry import KINDS as KINDS_REGISTRY
 
 KINDS = ["mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "pointer_plus_refit", "lstm"]
@@ -607,12 +604,21 @@ def test_the_registry_declares_every_kind_once_and_the_views_derive_from_it():
 def test_a_kind_entry_checks_what_its_family_needs():
     from nextloc.models.registry import Kind
 
-    with pytest.raises(ValueError, match="needs a model, a config and a recipe"):
-        Kind("x", "neural", "no recipe", False, nn.Linear, dataclasses.make_dataclass("C", []))
+    entry = {"name": "x", "description": "a kind", "log_prob_output": False}
+    with pytest.raises(ValueError, match="needs a config and a recipe"):
+        Kind(**entry, family="neural", model="torch.nn:Linear", config=dataclasses.make_dataclass("C", []))
     with pytest.raises(ValueError, match="needs a member kind and a size >= 2"):
-        Kind("x", "ensemble", "one member", True, member="mhsa", size=1)
+        Kind(**entry, family="ensemble", model="nextloc.models.ensemble:SeedEnsemble", member="mhsa", size=1)
+    with pytest.raises(ValueError, match="needs a model class as 'module:Class'"):
+        Kind(**entry, family="baseline", model="MarkovBaseline")
+    with pytest.raises(TypeError):  # the entries are written with keywords
+        Kind("x", "baseline", "positional", False, "nextloc.baselines:MarkovBaseline")  # type: ignore[misc]
 
 
-def test_importing_the_models_leaves_pandas_and_lightgbm_out():
-    code = "import sys, nextloc.models; bad = {'pandas', 'lightgbm'} & set(sys.modules); assert not bad, bad"
+def test_importing_the_models_leaves_torch_pandas_and_lightgbm_out():
+    """The registry and the configs are read by every flow (a cached run trains nothing): no torch."""
+    code = (
+        "import sys, nextloc.models, nextloc.models.registry, nextloc.overrides; "
+        "bad = {'torch', 'pandas', 'lightgbm'} & set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -24,7 +24,8 @@ from nextloc.dataset import build_dataset, locate_staypoints
 from nextloc.geolife import list_plt_files, read_user
 from nextloc.histories import encode_visits, sample_histories
 from nextloc.history_reader import read_history
-from nextloc.models import SeedEnsemble, build_model
+from nextloc.models import build_model
+from nextloc.models.ensemble import SeedEnsemble
 from nextloc.novelty import NewPlaceHead
 from nextloc.predict import predict
 from nextloc.sequences import UNSEEN
