@@ -1,7 +1,8 @@
 """Two `nextloc run` (the preprocess-train flow) at once on the same data directory and MLflow store.
 
 They must not corrupt each other: the second waits for the data directory's lock, then finds its
-predecessor's work in the cache; the outputs are byte-identical to a lone run's, and the MLflow store is
+predecessor's work in the cache; the outputs are byte-identical to a lone run's (a lone `nextloc
+preprocess`: the flow's preprocessing writes them, the training only reads them), and the MLflow store is
 consistent (every run ended, every registered version backed by a finished run, one champion).
 """
 
@@ -48,18 +49,7 @@ def _env(project: Path, name: str) -> dict[str, str]:
     return env
 
 
-def test_two_runs_on_one_data_dir(sample_dir, tmp_path_factory):
-    lone = tmp_path_factory.mktemp("lone")
-    done = subprocess.run(
-        [NEXTLOC, *_args(sample_dir)],
-        cwd=lone,
-        env=_env(lone, "a"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-
+def test_two_runs_on_one_data_dir(sample_dir, lone_preprocess, tmp_path_factory):
     shared = tmp_path_factory.mktemp("shared")
     procs = [
         subprocess.Popen(
@@ -77,7 +67,7 @@ def test_two_runs_on_one_data_dir(sample_dir, tmp_path_factory):
     assert any("held by another run" in o for o in outputs), "the runs did not overlap"
 
     for name in FINAL:
-        assert (shared / "data" / name).read_bytes() == (lone / "data" / name).read_bytes(), name
+        assert (shared / "data" / name).read_bytes() == (lone_preprocess / name).read_bytes(), name
 
     from mlflow import MlflowClient
 

@@ -30,13 +30,15 @@ FINAL = [
     "vocabulary/users.parquet",
     "metadata.json",
 ]
+# Long enough to kill in the middle (the first epoch's checkpoint marks the point; five epochs remain), no
+# early stop: the rerun resumes from the epoch the kill left and must end on the uninterrupted run's bits.
 LONG_TRAINING = [
     "--model",
     "mhsa",
     "--workers",
     "1",
     "--train-set",
-    "max_epochs=25",
+    "max_epochs=6",
     "--train-set",
     "patience=1000",
 ]
@@ -108,10 +110,8 @@ def _assert_same_outputs(data: Path, reference: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(sample_dir, tmp_path_factory) -> Path:
-    project = tmp_path_factory.mktemp("reference")
-    _run(project, ["preprocess", "--raw-dir", str(sample_dir), "--data-dir", "data"])
-    return project / "data"
+def reference(lone_preprocess) -> Path:
+    return lone_preprocess
 
 
 def test_killed_during_ingestion(sample_dir, reference, tmp_path):

@@ -28,12 +28,8 @@ def _geo_outputs(data_dir: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def preprocessed(sample_dir, tmp_path_factory) -> Path:
-    from flows.preprocess import preprocess
-
-    data_dir = tmp_path_factory.mktemp("geo") / "geolife"
-    preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir))
-    return data_dir
+def preprocessed(preprocessed_copy, tmp_path_factory) -> Path:
+    return preprocessed_copy(tmp_path_factory.mktemp("geo") / "geolife")
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,11 @@ FAR = (-33.86, 151.21)  # Sydney: no GeoLife place is near
 
 
 @pytest.fixture(scope="module")
-def store(sample_dir, tmp_path_factory):
-    from flows.preprocess import preprocess
+def store(preprocessed_copy, tmp_path_factory):
     from flows.train import train
 
     root = tmp_path_factory.mktemp("predict")
-    data_dir = root / "data"
-    preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir))
+    data_dir = preprocessed_copy(root / "data")
     (root / "mlruns").mkdir()
     uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
     train(

@@ -15,13 +15,11 @@ SHORT = {"max_epochs": 2, "min_epochs": 0}
 
 
 @pytest.fixture(scope="module")
-def trained(sample_dir, tmp_path_factory):
-    from flows.preprocess import preprocess
+def trained(preprocessed_copy, tmp_path_factory):
     from flows.train import train
 
     root = tmp_path_factory.mktemp("train")
-    data_dir = root / "data"
-    preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir))
+    data_dir = preprocessed_copy(root / "data")
     uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
     (root / "mlruns").mkdir()
     kwargs = dict(
