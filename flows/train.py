@@ -28,7 +28,7 @@ from tasks.promotion import (
     champion_challenger,
 )
 from tasks.reruns import Settled, read_settled, settled_key, write_settled
-from tasks.runners import share_api_with_workers, training_runner
+from tasks.runners import training_runner
 from tasks.store import default_tracking_uri
 from tasks.train import DataRef, ModelKind, TrackingConfig, train_model_task
 from tasks.versions import champion_versions
@@ -192,8 +192,6 @@ def _run_trainings(
 ) -> list[dict[str, Any]]:
     """Each call's result, in order: a cached one as read back (no worker process starts for it), the others
     trained on the flow's task runner."""
-    if not all(hit for hit, _ in cached):
-        share_api_with_workers()
     futures = {
         i: task.submit(**call)
         for i, (call, (hit, _)) in enumerate(zip(calls, cached, strict=True))

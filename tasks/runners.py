@@ -68,9 +68,14 @@ class TrainingPoolTaskRunner(ProcessPoolTaskRunner):
     alone at the end and another wall time. Here one thread hands them over, in order
     (:func:`tasks.compat.submit_in_order`). A submission that waits for an upstream future holds back the
     ones after it; the trainings have no upstream futures.
+
+    Its workers report to the flow's Prefect API (:func:`share_api_with_workers` before they start): a worker
+    that found no API in its environment started a temporary server of its own on the same ``PREFECT_HOME``
+    database, a second SQLite writer beside the local API, left running once the worker ended.
     """
 
     def __enter__(self) -> Self:
+        share_api_with_workers()
         super().__enter__()
         compat.submit_in_order(self)
         return self
