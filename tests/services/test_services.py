@@ -11,19 +11,30 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+import services as services_module
 from services.processes import post_json
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _deployment_run(root: Path, env: dict[str, str], *params: str, watch_timeout: int = 600):
@@ -46,10 +57,41 @@ def _get(url: str) -> dict:
         return json.loads(response.read())
 
 
-@pytest.fixture
-def services(running_services):
-    """The services shared by tests/services (tests/services/conftest.py), started once."""
-    return running_services.root, running_services.env, running_services.started.stdout
+@pytest.fixture(scope="module")
+def services():
+    # under /tmp, mode 0755: as root, PostgreSQL runs as the postgres user, which must reach .services/pg
+    # (pytest's temporary root is closed to other users)
+    root = Path(tempfile.mkdtemp(prefix="nextloc-service-", dir="/tmp"))
+    root.chmod(0o755)
+    env = {
+        **os.environ,
+        "NEXTLOC_PREFECT_PORT": str(_free_port()),
+        "NEXTLOC_MLFLOW_PORT": str(_free_port()),
+        "NEXTLOC_PG_PORT": str(_free_port()),
+        "PREFECT_HOME": str(root / ".prefect"),
+    }
+    env.pop("PREFECT_API_URL", None)
+    try:
+        services_module.postgres_bin_dir()
+    except RuntimeError:
+        env["NEXTLOC_SERVICES_BACKEND"] = "sqlite"
+    nextloc = str(BIN / "nextloc")
+    started = subprocess.run(
+        [nextloc, "services", "start"], cwd=root, env=env, capture_output=True, text=True
+    )
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield root, env, started.stdout
+    finally:
+        stopped = subprocess.run(
+            [nextloc, "services", "stop"], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert stopped.returncode == 0, stopped.stderr
+        status = subprocess.run(
+            [nextloc, "services", "status"], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert "running" not in status.stdout, status.stdout
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):

@@ -90,12 +90,22 @@ def _sql(url: str, database: str, query: str) -> list[tuple]:
         return conn.execute(query).fetchall()
 
 
-@pytest.fixture
-def pg_services(running_services):
-    """The services shared by tests/services (tests/services/conftest.py): on PostgreSQL, as this module runs
-    only where it is installed; stopped (worker first, PostgreSQL last) after the last test there."""
-    assert running_services.backend == "postgres"
-    return running_services.root, running_services.env
+@pytest.fixture(scope="module")
+def pg_services():
+    root = _project_dir()
+    env = _env(root)
+    started = _nextloc(root, env, "services", "start")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield root, env
+    finally:
+        stopped = _nextloc(root, env, "services", "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        # the worker first, PostgreSQL last
+        assert "stopped: worker, mlflow, prefect-server, postgres" in stopped.stderr.replace("\n", " ")
+        status = _nextloc(root, env, "services", "status")
+        assert "running" not in status.stdout, status.stdout
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_postgres_backs_prefect_and_mlflow(pg_services):
