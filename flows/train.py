@@ -151,10 +151,7 @@ def _settled(
 ) -> Settled | None:
     """The record of the run that recorded these cached trainings and decided on them, if every champion is
     still where it left it (:mod:`tasks.reruns`)."""
-    uri, experiment = tracking_cfg.tracking_uri or default_tracking_uri(), tracking_cfg.experiment
-    champions = champion_versions(rule["kinds"], uri, experiment)
-    key = settled_key(catalog, [value for _, value in cached], champions, rule, uri, experiment)
-    return read_settled(catalog, key)
+    return read_settled(catalog, _rerun_key(catalog, [value for _, value in cached], rule, tracking_cfg))
 
 
 def _remember(
@@ -165,11 +162,17 @@ def _remember(
     outcome: dict[str, Any],
 ) -> None:
     """Record where these results and decisions are, keyed on the champions as the decisions left them."""
+    settled = Settled(outcome["parent_run_id"], outcome["experiment_id"], outcome["promotion"])
+    write_settled(catalog, _rerun_key(catalog, results, rule, tracking_cfg), settled)
+
+
+def _rerun_key(
+    catalog: Catalog, results: list[dict[str, Any]], rule: dict[str, Any], tracking_cfg: TrackingConfig
+) -> str:
+    """:func:`tasks.reruns.settled_key` with the champions as they are now."""
     uri, experiment = tracking_cfg.tracking_uri or default_tracking_uri(), tracking_cfg.experiment
     champions = champion_versions(rule["kinds"], uri, experiment)
-    key = settled_key(catalog, results, champions, rule, uri, experiment)
-    settled = Settled(outcome["parent_run_id"], outcome["experiment_id"], outcome["promotion"])
-    write_settled(catalog, key, settled)
+    return settled_key(catalog, results, champions, rule, uri, experiment)
 
 
 def _log_outcome(board: dict[str, Any], outcome: dict[str, Any]) -> None:
