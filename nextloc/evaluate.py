@@ -16,9 +16,6 @@ import pandas as pd
 import torch
 from torch import nn
 
-from nextloc.champion import (
-    champion_decision as champion_decision,  # re-exported until tasks/promotion.py imports it from nextloc.champion
-)
 from nextloc.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
 from nextloc.metrics import DEDUP_KEYS
 from nextloc.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features

@@ -25,15 +25,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 
-from nextloc.data import SampleTensors
-from nextloc.evaluate import champion_decision, pack_batch, score_split
+from nextloc.champion import champion_decision
 from nextloc.leaderboard import decision_text
 from nextloc.metrics import PLACE_KEYS, REFERENCE_KEYS
 from nextloc.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
 from tasks.caching import CACHE_POLICY, call_cached
 from tasks.catalog import Catalog
-from tasks.evaluate import champion_maps, load_registered, registered_scores
 from tasks.locking import registry_lock
 from tasks.tracking import selected_name
 from tasks.train import DataRef, TrackingConfig
@@ -122,6 +120,8 @@ def champion_challenger(
 def _draw_champion(kind: str, version: str, run_id: str, data: DataRef, tracking_cfg: TrackingConfig) -> None:
     """The new champion's maps on its run (:func:`tasks.evaluate.champion_maps`), after the decision is
     recorded: a map that cannot be drawn is a warning, never an undone or unrecorded promotion."""
+    from tasks.evaluate import champion_maps  # torch: only when a new champion is drawn
+
     logger = get_run_logger()
     try:
         maps = champion_maps(
@@ -183,6 +183,11 @@ def score_champion(
 
     Cached on the version, its run, the samples' fingerprints, the metric, the radius and the code.
     """
+    # torch: only when a champion is scored (a cached run reads the score back)
+    from nextloc.data import SampleTensors
+    from nextloc.evaluate import pack_batch, score_split
+    from tasks.evaluate import load_registered, registered_scores
+
     tags = tracking.run_tags(run_id)
     catalog = Catalog(data.data_dir)
     table = pq.read_table(catalog.samples("test"))

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from nextloc.metrics import HEADLINE
-from nextloc.serving import BUNDLE_ARTIFACT, BUNDLE_FILE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,6 +101,8 @@ def _sqlite_aliases(alias: str, tracking_uri: str) -> dict[str, str] | None:
 
 def _bundle_in(location: str) -> Path | None:
     """The bundle folder inside a logged model's local folder (``file://`` URI), or None."""
+    from nextloc.serving import BUNDLE_ARTIFACT, BUNDLE_FILE  # torch: only when a bundle is read
+
     parsed = urllib.parse.urlparse(location)
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
         return None
@@ -120,6 +121,8 @@ def download_bundle(model_uri: str, dst: Path) -> Path:
     """Download a registered model and return its bundle folder, or its model folder for a model logged
     without one (which :func:`tasks.evaluate.load_registered` refuses)."""
     import mlflow
+
+    from nextloc.serving import BUNDLE_ARTIFACT  # torch: only when a bundle is read
 
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
     spec = yaml.safe_load((local / "MLmodel").read_text())
@@ -266,6 +269,7 @@ def log_model(
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    from nextloc.serving import BUNDLE_ARTIFACT  # torch: only when a model is registered
     from tasks import tracking
     from tasks.locking import registry_lock
 
