@@ -107,7 +107,8 @@ def test_registered_model_shows_the_champion(browser, stack, screenshot):
     screenshot(browser, "mlflow-registered-model")
     from mlflow import MlflowClient
 
-    champion = MlflowClient(stack.tracking_uri).get_model_version_by_alias("nextloc-pointer_plus", "champion")
+    client = MlflowClient(stack.tracking_uri, stack.tracking_uri)  # not the registry an earlier test set
+    champion = client.get_model_version_by_alias("nextloc-pointer_plus", "champion")
     browser.get(f"{stack.mlflow_url}/#/models/nextloc-pointer_plus/versions/{champion.version}")
     text = _wait(browser).until(
         lambda d: (t := d.find_element(By.TAG_NAME, "body").text) and "champion_decision" in t and t
