@@ -42,12 +42,13 @@ def recipe_step(
     from nextloc.models import build_model
     from nextloc.models.dropout import PCG64Dropout, drawing_from
     from nextloc.models.registry import kind as kind_entry
-    from nextloc.train import TrainConfig, _loss, seed_everything
+    from nextloc.models.registry import training_recipe
+    from nextloc.train import _loss, seed_everything
 
     meta = json.loads((data_dir / "metadata.json").read_text())
     torch.set_num_threads(1)
     overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
-    config = TrainConfig.for_recipe(kind)
+    config = training_recipe(kind)
     seed_everything(0, config.deterministic)
     model = build_model(kind, meta["total_loc_num"], meta["total_user_num"], **overrides)
     train = SampleTensors.from_parquet(data_dir / "samples" / "train.parquet")

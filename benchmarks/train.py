@@ -158,7 +158,8 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
     from nextloc.evaluate import model_scores, score_split
     from nextloc.models import build_model, count_parameters
     from nextloc.models.registry import kind as kind_entry
-    from nextloc.train import TrainConfig, fit_model
+    from nextloc.models.registry import training_recipe
+    from nextloc.train import fit_model
 
     meta = json.loads((data_dir / "metadata.json").read_text())
     overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
@@ -180,7 +181,7 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
         if mode == "full"
         else {"max_epochs": epochs, "min_epochs": 0, "patience": 10**6, "refit_on_train_val": False}
     )
-    config = TrainConfig.for_recipe(kind, seed=seed, **limit)
+    config = training_recipe(kind, seed=seed, **limit)
     start = time.perf_counter()
     selection, refit = fit_model(
         build, splits["train"], splits["val"], config, log_prob_output=kind_entry(kind).log_prob_output
@@ -229,7 +230,7 @@ def _reference_loop(model, kind: str, data_dir: Path, seed: int, epochs: int) ->
     from torch.utils.data import DataLoader, Dataset
 
     from nextloc.data import Batch
-    from nextloc.train import TrainConfig
+    from nextloc.models.registry import training_recipe
 
     class Samples(Dataset):
         def __init__(self, path: Path) -> None:
@@ -268,7 +269,7 @@ def _reference_loop(model, kind: str, data_dir: Path, seed: int, epochs: int) ->
             index=torch.arange(len(items)),
         )
 
-    cfg = TrainConfig.for_recipe(kind, seed=seed)
+    cfg = training_recipe(kind, seed=seed)
     torch.manual_seed(seed)
     loader = DataLoader(
         Samples(data_dir / "samples" / "train.parquet"),

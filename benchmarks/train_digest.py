@@ -94,7 +94,8 @@ def run_setup(name: str) -> dict[str, Any]:
     from nextloc.data import SampleTensors
     from nextloc.models import build_model
     from nextloc.models.registry import kind as kind_entry
-    from nextloc.train import TrainConfig, fit_model
+    from nextloc.models.registry import training_recipe
+    from nextloc.train import fit_model
 
     kind, overrides = SETUPS[name]
     torch.set_num_threads(1)
@@ -106,7 +107,7 @@ def run_setup(name: str) -> dict[str, Any]:
         torch.manual_seed(0)
         return build_model(kind, LOCATIONS, USERS, **extra)
 
-    config = TrainConfig.for_recipe(kind, **overrides)
+    config = training_recipe(kind, **overrides)
     result, _ = fit_model(build, train, val, config, log_prob_output=kind_entry(kind).log_prob_output)
     return {
         "weights_sha256": weights_digest(result.model.state_dict()),

@@ -20,8 +20,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
@@ -52,6 +53,25 @@ class _Frozen(BaseModel):
         if value is None and isinstance(annotation, type) and issubclass(annotation, BaseModel):
             return {}
         return value
+
+
+class _NamesUnknownKeys(_Frozen):
+    """A frozen config whose unknown keys are named with the allowed ones (pydantic names only the key)."""
+
+    option_label: ClassVar[str] = "option"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_unknown_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(cls.unknown_keys_message(unknown))
+        return data
+
+    @classmethod
+    def unknown_keys_message(cls, unknown: list[str]) -> str:
+        return f"unknown {cls.option_label}(s) {unknown}; allowed: {sorted(cls.model_fields)}"
 
 
 class StaypointConfig(_Frozen):

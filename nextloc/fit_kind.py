@@ -25,9 +25,10 @@ from nextloc.config import PreprocessConfig
 from nextloc.data import SampleTensors
 from nextloc.evaluate import Evaluation, ScoreFn, evaluate, model_scores
 from nextloc.models import build_model, count_parameters, model_settings, registry
+from nextloc.models.registry import training_recipe
 from nextloc.ranking import RoutineData
 from nextloc.sequences import SPLITS
-from nextloc.train import TrainConfig, fit_model, fit_seed_ensemble, resolve_device
+from nextloc.train import fit_model, fit_seed_ensemble, resolve_device
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def _train_neural(
         torch.manual_seed(model_seed)
         return build_model(member_kind, vocab["total_loc_num"], vocab["total_user_num"], **overrides).to(dev)
 
-    cfg = TrainConfig.for_recipe(member_kind, seed=seed, **train_overrides)
+    cfg = training_recipe(member_kind, seed=seed, **train_overrides)
     log_prob = entry.trained.log_prob_output
     if size:
         model, members = fit_seed_ensemble(

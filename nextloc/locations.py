@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from nextloc.config import LocationConfig
-from nextloc.staypoints import EARTH_RADIUS_M, to_ns
+from nextloc.staypoints import to_ns
+from nextloc.visits import EARTH_RADIUS_M
 
 logger = logging.getLogger(__name__)
 

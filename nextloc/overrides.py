@@ -12,32 +12,19 @@ not divisible by the heads). Errors name the kind, the key and what is allowed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, get_type_hints
+from typing import Any, get_type_hints
 
 from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 
-from nextloc.config import _Frozen
+from nextloc.config import _NamesUnknownKeys
 from nextloc.models import check_model_overrides, model_settings
-from nextloc.models.registry import KINDS, kind, neural_kinds
+from nextloc.models.registry import KINDS, kind, neural_kinds, training_recipe
 from nextloc.train_config import TrainConfig, explain
 
 
-class _Settings(_Frozen):
+class _Settings(_NamesUnknownKeys):
     """Some keys of a config: each field defaults to unset (not validated), an unknown key is named with the
     allowed ones."""
-
-    option_label: ClassVar[str] = "option"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _name_unknown_keys(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            unknown = sorted(set(data) - set(cls.model_fields))
-            if unknown:
-                raise ValueError(
-                    f"unknown {cls.option_label}(s) {unknown}; allowed: {sorted(cls.model_fields)}"
-                )
-        return data
 
     def as_dict(self) -> dict[str, Any]:
         """The keys that were set, as plain values."""
@@ -65,19 +52,12 @@ _MODEL_SETTINGS: dict[str, type[_Settings]] = {
 }
 
 
-class _PerKind(_Frozen):
+class _PerKind(_NamesUnknownKeys):
     """One optional field per neural kind; an unknown kind is named with the neural kinds."""
 
-    @model_validator(mode="before")
     @classmethod
-    def _name_unknown_kinds(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            unknown = sorted(set(data) - set(cls.model_fields))
-            if unknown:
-                raise ValueError(
-                    f"model_overrides/train_overrides name unknown models {unknown}; expected {neural_kinds()}"
-                )
-        return data
+    def unknown_keys_message(cls, unknown: list[str]) -> str:
+        return f"model_overrides/train_overrides name unknown models {unknown}; expected {neural_kinds()}"
 
     def by_kind(self) -> dict[str, dict[str, Any]]:
         """``kind -> the keys set`` for every kind given (``{}`` for a kind given without keys)."""
@@ -118,7 +98,7 @@ TrainOverrides = _per_kind(
 def check_kind_overrides(kind_name: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> None:
     """Raise what training ``kind_name`` (a network or a seed ensemble) with these overrides would, building
     nothing: a key that is not a field of the kind's model config, a value the config rejects, or a training
-    option :meth:`TrainConfig.for_recipe` rejects (its name or value).
+    option :func:`~nextloc.models.registry.training_recipe` rejects (its name or value).
 
     Raises:
         ValueError: naming the kind, the key and what is allowed.
@@ -130,7 +110,7 @@ def check_kind_overrides(kind_name: str, model: Mapping[str, Any], train: Mappin
         )
     try:
         check_model_overrides(entry.trained.name, model)
-        TrainConfig.for_recipe(entry.trained.name, **train)
+        training_recipe(entry.trained.name, **train)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{kind_name}: {err}") from err
 

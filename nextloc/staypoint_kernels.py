@@ -6,7 +6,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from nextloc.staypoints import EARTH_RADIUS_M
+from nextloc.visits import EARTH_RADIUS_M
 
 
 @numba.njit(cache=True, nogil=True)

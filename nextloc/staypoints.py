@@ -28,7 +28,6 @@ from nextloc.config import StaypointConfig
 
 logger = logging.getLogger(__name__)
 
-EARTH_RADIUS_M = 6_371_000.0
 _NS_PER_MIN = 60_000_000_000
 
 STAYPOINT_COLUMNS = ["user_id", "started_at", "finished_at", "latitude", "longitude", "elevation", "n_pfs"]

@@ -3,28 +3,28 @@
 Typed like the preprocessing configs (:mod:`nextloc.config`): frozen, ``extra="forbid"``, so a misspelt key or a
 value outside a fixed set fails when the config is made, before any work, naming the key and what it allows.
 Each neural model kind's recipe is its entry in the kind registry (:mod:`nextloc.models.registry`);
-:meth:`TrainConfig.for_recipe` looks it up and applies overrides.
+:func:`nextloc.models.registry.training_recipe` looks it up and applies overrides.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from typing import ClassVar, Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from nextloc.config import _Frozen
+from nextloc.config import _NamesUnknownKeys
 
 Recipe = Literal["mhsa", "pointer"]
 Monitor = Literal["val_loss", "val_acc@1", "val_mrr", "val_place_acc@1", "val_place_mrr"]
 DropoutRng = Literal["torch", "pcg64"]
 
 
-class TrainConfig(_Frozen):
-    """Optimisation recipe; ``TrainConfig.for_recipe("pointer")`` gives the pointer's values.
+class TrainConfig(_NamesUnknownKeys):
+    """Optimisation recipe; ``training_recipe("pointer")`` (:mod:`nextloc.models.registry`) gives the pointer's values.
 
     ``recipe`` names the loop's schedule family (``mhsa``: per-batch warmup and linear decay, Adam;
     ``pointer``: per-epoch warmup and cosine, AdamW). ``mhsa`` and ``pointer`` differ from the reference
-    recipes only in their batches: ``for_recipe(kind, bucket=False)`` gives the reference's plain shuffled
+    recipes only in their batches: ``training_recipe(kind, bucket=False)`` gives the reference's plain shuffled
     batches.
     """
 
@@ -64,37 +64,11 @@ class TrainConfig(_Frozen):
         "(about a tenth of the cost, other masks). CUDA: F.dropout either way.",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _name_unknown_options(cls, data: Any) -> Any:
-        """An unknown key is named with the allowed ones (pydantic's own message names only the key)."""
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(cls.model_fields))
-            if unknown:
-                raise ValueError(f"unknown training option(s) {unknown}; allowed: {sorted(cls.model_fields)}")
-        return data
-
     @model_validator(mode="after")
     def _check_pool(self) -> TrainConfig:
         if self.bucket_pool < 1:
             raise ValueError(f"bucket_pool must be >= 1 batch, got {self.bucket_pool}")
         return self
-
-    @classmethod
-    def for_recipe(cls, kind: str, /, **overrides: Any) -> TrainConfig:
-        """The recipe of a neural model kind (its registry entry's ``recipe``) with ``overrides`` applied.
-
-        Raises:
-            ValueError: an unknown kind, or an override :class:`TrainConfig` rejects; one line per problem,
-                naming the option and the values it allows (:func:`explain`).
-        """
-        from nextloc.models.registry import recipe_of  # the registry holds TrainConfig values
-
-        base = recipe_of(kind)
-        try:
-            return cls.model_validate({**base.model_dump(), **overrides})
-        except ValidationError as err:
-            raise ValueError(explain(err, cls)) from None
 
 
 def explain(err: ValidationError, model: type[BaseModel]) -> str:

@@ -30,6 +30,7 @@ POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude", "elevat
 REQUIRED_POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude")  # elevation is optional
 HISTORY_ID = "history_id"  # optional: several histories of one user in one input
 COORDINATE_BOUNDS = {"latitude": 90.0, "longitude": 180.0}
+EARTH_RADIUS_M = 6_371_000.0  # the haversine radius of trackintel and the reference
 
 VISITS_SCHEMA = pa.schema(
     [

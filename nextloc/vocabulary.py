@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from nextloc.sequences import UNSEEN
+from nextloc.visits import EARTH_RADIUS_M
 
-EARTH_RADIUS_M = 6_371_000.0
 LOCATION_COLUMNS = ["loc_index", "raw_location_id", "latitude", "longitude", "n_staypoints", "n_train_visits"]
 USER_COLUMNS = ["user_index", "user_id", "data_fingerprint"]
 USER_GROUPS = ("changed", "unchanged", "new_user", "unknown")

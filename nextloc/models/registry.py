@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from nextloc.models.configs import LSTMConfig, MHSAConfig, PointerConfig
-from nextloc.train_config import TrainConfig
+from nextloc.train_config import TrainConfig, explain
 
 Family = Literal["neural", "ensemble", "baseline", "routine"]
 FAMILIES: tuple[Family, ...] = ("neural", "ensemble", "baseline", "routine")
@@ -43,7 +45,7 @@ class Kind:
             with ``fit``/``scores``/``state``/``from_state``; routine: :mod:`nextloc.ranking`'s.
         config: neural: the frozen config dataclass ``model`` takes (:mod:`nextloc.models.configs`).
         presets: neural: config values that differ from ``config``'s defaults.
-        recipe: neural: the training recipe (:meth:`TrainConfig.for_recipe` starts from it).
+        recipe: neural: the training recipe (:func:`training_recipe` starts from it).
         member: ensemble: the neural kind trained for each member.
         size: ensemble: the number of members. Seed ``s`` trains the member kind with seeds
             ``s * size .. s * size + size - 1``.
@@ -272,6 +274,19 @@ def recipe_of(name: str) -> TrainConfig:
         raise ValueError(f"unknown recipe {name!r}; expected one of {list(kinds('neural'))}")
     assert entry.recipe is not None  # checked by Kind
     return entry.recipe
+
+
+def training_recipe(name: str, /, **overrides: Any) -> TrainConfig:
+    """The training recipe of neural kind ``name`` (:func:`recipe_of`) with ``overrides`` applied.
+
+    Raises:
+        ValueError: an unknown kind, or an override :class:`TrainConfig` rejects; one line per problem,
+            naming the option and the values it allows (:func:`nextloc.train_config.explain`).
+    """
+    try:
+        return TrainConfig.model_validate({**recipe_of(name).model_dump(), **overrides})
+    except ValidationError as err:
+        raise ValueError(explain(err, TrainConfig)) from None
 
 
 def help_lines() -> list[str]:

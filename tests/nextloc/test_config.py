@@ -422,28 +422,30 @@ class TestFingerprint:
 
 
 def test_train_config_is_frozen_and_rejects_unknown_keys_naming_the_allowed_ones():
+    from nextloc.models.registry import training_recipe
     from nextloc.train_config import TrainConfig
 
-    config = TrainConfig.for_recipe("pointer_plus")
+    config = training_recipe("pointer_plus")
     with pytest.raises(pydantic.ValidationError):
         config.lr = 1.0  # type: ignore[misc]
     with pytest.raises(
         ValueError, match=r"unknown training option\(s\) \['overlap_validation'\]; allowed: \["
     ):
-        TrainConfig.for_recipe("mhsa", overlap_validation=False)
+        training_recipe("mhsa", overlap_validation=False)
     for removed in ("overlap_validation", "prefetch_dropout", "ema_decay"):
         assert removed not in TrainConfig.model_fields
     with pytest.raises(ValueError, match=r"training option lr=True: expected a number, got the boolean"):
-        TrainConfig.for_recipe("mhsa", lr=True)
-    assert TrainConfig.for_recipe("mhsa", betas=[0.8, 0.9]).betas == (0.8, 0.9)
+        training_recipe("mhsa", lr=True)
+    assert training_recipe("mhsa", betas=[0.8, 0.9]).betas == (0.8, 0.9)
     with pytest.raises(ValueError, match=r"unknown recipe 'transformer'; expected one of \['mhsa'"):
-        TrainConfig.for_recipe("transformer")
+        training_recipe("transformer")
 
 
 def test_train_config_changes_through_model_copy_and_round_trips_as_plain_data():
+    from nextloc.models.registry import training_recipe
     from nextloc.train_config import TrainConfig
 
-    config = TrainConfig.for_recipe("pointer", seed=3)
+    config = training_recipe("pointer", seed=3)
     assert TrainConfig.model_validate(config.model_dump()) == config
     assert TrainConfig.model_validate_json(config.model_dump_json()) == config
     assert config.model_copy(update={"seed": 4}).seed == 4

@@ -24,7 +24,8 @@ from nextloc.config import LocationConfig, PreprocessConfig
 from nextloc.dataset import locate_staypoints
 from nextloc.locations import generate_locations, make_tiles, merge_staypoints, partitioned_dbscan
 from nextloc.quality import filter_users_by_quality, user_extents
-from nextloc.staypoints import EARTH_RADIUS_M, create_activity_flag
+from nextloc.staypoints import create_activity_flag
+from nextloc.visits import EARTH_RADIUS_M
 
 BEIJING = (39.984702, 116.318417)  # (lat, lon)
 T0 = pd.Timestamp("2008-10-23 02:00:00", tz="UTC")

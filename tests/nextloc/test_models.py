@@ -576,6 +576,7 @@ def test_seed_ensemble_averages_probabilities():
 
 def test_the_registry_declares_every_kind_once_and_the_views_derive_from_it():
     from nextloc.models import registry
+    from nextloc.models.registry import training_recipe
     from nextloc.train import TrainConfig
 
     assert registry.kinds("neural") == tuple(KINDS)
@@ -588,7 +589,7 @@ def test_the_registry_declares_every_kind_once_and_the_views_derive_from_it():
         assert entry.description
         if entry.family == "neural":
             assert isinstance(entry.recipe, TrainConfig)
-            assert TrainConfig.for_recipe(name) == entry.recipe
+            assert training_recipe(name) == entry.recipe
             assert issubclass(entry.model_class, nn.Module)
     ensemble = registry.kind("pointer_plus_ensemble")
     assert (ensemble.trained.name, ensemble.size, ensemble.log_prob_output) == ("pointer_plus", 5, True)

@@ -18,12 +18,12 @@ from nextloc.evaluate import model_scores, score_split
 from nextloc.models import build_model
 from nextloc.models.dropout import PCG64Dropout
 from nextloc.models.registry import kind as kind_entry
+from nextloc.models.registry import training_recipe
 from nextloc.optim import pointer_lr
 from nextloc.train import (
     REFIT_CHECKPOINT,
     SELECTION_CHECKPOINT,
     FitResult,
-    TrainConfig,
     check_kind_overrides,
     fit,
     fit_model,
@@ -83,7 +83,7 @@ def test_loss_falls_and_best_weights_are_loaded(kind, data):
     torch.set_num_threads(1)
     extra = {"max_seq_len": 16} if kind == "pointer" else {}
     model = build_model(kind, V, U, **extra)
-    config = TrainConfig.for_recipe(kind, max_epochs=6, min_epochs=0, batch_size=16, seed=0, lr=3e-3)
+    config = training_recipe(kind, max_epochs=6, min_epochs=0, batch_size=16, seed=0, lr=3e-3)
     result = fit(model, train, val, config, log_prob_output=kind_entry(kind).log_prob_output)
     losses = [h["train_loss"] for h in result.history]
     assert losses[-1] < losses[0]
@@ -99,14 +99,14 @@ def test_training_is_deterministic(data):
     for _ in range(2):
         torch.manual_seed(3)
         model = build_model("pointer", V, U, max_seq_len=16)
-        config = TrainConfig.for_recipe("pointer", max_epochs=2, min_epochs=0, batch_size=32, seed=3)
+        config = training_recipe("pointer", max_epochs=2, min_epochs=0, batch_size=32, seed=3)
         runs.append([h["train_loss"] for h in fit(model, train, val, config, log_prob_output=True).history])
     assert runs[0] == runs[1]
 
 
 def test_pointer_schedule_matches_reference():
     """5 warmup epochs reaching the base rate, then cosine towards 1e-6 over 45 epochs."""
-    cfg = TrainConfig.for_recipe("pointer")
+    cfg = training_recipe("pointer")
     assert [round(pointer_lr(e, cfg), 8) for e in range(5)] == [
         round(6.5e-4 * (e + 1) / 5, 8) for e in range(5)
     ]
@@ -120,29 +120,29 @@ def test_pointer_schedule_matches_reference():
 def test_batches_come_from_length_sorted_pools_and_the_reference_batches_are_one_override_away(kind, pool):
     """The recipes draw their batches from pools sorted by length (sizes chosen on validation, see
     nextloc.train); ``bucket=False`` gives the reference's plain shuffled batches, the rest unchanged."""
-    ours = TrainConfig.for_recipe(kind)
+    ours = training_recipe(kind)
     assert (ours.bucket, ours.bucket_pool) == (True, pool)
-    assert TrainConfig.for_recipe(kind, bucket=False) == ours.model_copy(update={"bucket": False})
+    assert training_recipe(kind, bucket=False) == ours.model_copy(update={"bucket": False})
 
 
 def test_a_pool_smaller_than_a_batch_is_rejected_with_the_recipe():
     with pytest.raises(ValueError, match="bucket_pool must be >= 1 batch, got 0"):
-        TrainConfig.for_recipe("mhsa", bucket_pool=0)
+        training_recipe("mhsa", bucket_pool=0)
 
 
 def test_the_lstm_keeps_the_reference_plain_batches():
     """No pool size kept the LSTM's validation means (nextloc.train): it trains on plain shuffled batches."""
-    assert TrainConfig.for_recipe("lstm").bucket is False
-    mhsa = TrainConfig.for_recipe("mhsa")
-    lstm = TrainConfig.for_recipe("lstm", dropout_rng="torch")
+    assert training_recipe("lstm").bucket is False
+    mhsa = training_recipe("mhsa")
+    lstm = training_recipe("lstm", dropout_rng="torch")
     assert lstm.model_copy(update={"bucket": mhsa.bucket, "bucket_pool": mhsa.bucket_pool}) == mhsa
 
 
 def test_unknown_training_option_is_rejected():
     with pytest.raises(ValueError, match="nope"):
-        TrainConfig.for_recipe("mhsa", nope=1)
+        training_recipe("mhsa", nope=1)
     with pytest.raises(ValueError, match="recipe"):
-        TrainConfig.for_recipe("transformer")
+        training_recipe("transformer")
 
 
 def test_bucketed_batches_cover_every_sample_once(data):
@@ -275,7 +275,7 @@ def _run(case: str, data, resume_path: Path | None = None, log_metrics=None, **c
     kind, overrides = RESUME_CASES[case]
     model_overrides = changes.pop("model", {})
     train, val = changes.pop("samples", data)
-    config = TrainConfig.for_recipe(kind, **{**overrides, **changes})
+    config = training_recipe(kind, **{**overrides, **changes})
     return fit(
         _build(kind, **model_overrides),
         train,
@@ -371,7 +371,7 @@ def test_resuming_a_finished_run_trains_nothing(data, tmp_path):
 def test_fit_model_resumes_a_crash_inside_the_refit(data, tmp_path, monkeypatch):
     """pointer_plus_refit: selection finished, refit killed after its first epoch; the rerun matches both."""
     train, val = data
-    config = TrainConfig.for_recipe("pointer_plus_refit", max_epochs=4, batch_size=32)
+    config = training_recipe("pointer_plus_refit", max_epochs=4, batch_size=32)
 
     def build():
         return _build("pointer_plus_refit")
@@ -455,7 +455,7 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
     """Seed 1 of a 2-member ensemble trains seeds 2 and 3, each exactly as a single model of that seed;
     member checkpoints live in their own folders, and refit recipes are refused."""
     train, val = data
-    config = TrainConfig.for_recipe("pointer_plus", max_epochs=2, batch_size=64, seed=1)
+    config = training_recipe("pointer_plus", max_epochs=2, batch_size=64, seed=1)
     ensemble, members = fit_seed_ensemble(
         lambda seed: _build("pointer_plus", seed),
         train,
@@ -472,7 +472,7 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
             lambda seed=seed: _build("pointer_plus", seed),
             train,
             val,
-            TrainConfig.for_recipe("pointer_plus", max_epochs=2, batch_size=64, seed=seed),
+            training_recipe("pointer_plus", max_epochs=2, batch_size=64, seed=seed),
             log_prob_output=True,
         )
         want = single.model.state_dict()
@@ -484,7 +484,7 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
             lambda seed: _build("pointer_plus_refit", seed),
             train,
             val,
-            TrainConfig.for_recipe("pointer_plus_refit", max_epochs=2),
+            training_recipe("pointer_plus_refit", max_epochs=2),
             2,
             log_prob_output=True,
         )
@@ -504,15 +504,13 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
 def test_recipes_dropout_draws_and_the_reference_draws_are_one_override_away(kind, draws):
     """PCG64 masks where they kept the validation means (nextloc.train); ``dropout_rng="torch"`` gives
     F.dropout's draws, the rest of the recipe unchanged."""
-    ours = TrainConfig.for_recipe(kind)
+    ours = training_recipe(kind)
     assert ours.dropout_rng == draws
-    assert TrainConfig.for_recipe(kind, dropout_rng="torch") == ours.model_copy(
-        update={"dropout_rng": "torch"}
-    )
+    assert training_recipe(kind, dropout_rng="torch") == ours.model_copy(update={"dropout_rng": "torch"})
     with pytest.raises(
         ValueError, match="training option dropout_rng='mt': expected one of \\['torch', 'pcg64'\\]"
     ):
-        TrainConfig.for_recipe(kind, dropout_rng="mt")
+        training_recipe(kind, dropout_rng="mt")
 
 
 def test_pcg64_dropout_leaves_torch_generator_alone_and_follows_the_seed(data, monkeypatch):
@@ -520,7 +518,7 @@ def test_pcg64_dropout_leaves_torch_generator_alone_and_follows_the_seed(data, m
     global generator where seeding put it, and the same seed gives the same weights while another seed of
     the dropout stream alone gives others."""
     train, val = data
-    config = TrainConfig.for_recipe("mhsa", max_epochs=2, batch_size=32, dropout_rng="pcg64")
+    config = training_recipe("mhsa", max_epochs=2, batch_size=32, dropout_rng="pcg64")
 
     def weights(dropout_seed: int | None = None) -> dict[str, torch.Tensor]:
         if dropout_seed is not None:  # another dropout stream, everything else as seeded
