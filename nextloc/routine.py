@@ -31,13 +31,13 @@ import pandas as pd
 
 from nextloc.counts import EventCounts, composite_key
 from nextloc.routine_profile import StoredProfile
-from nextloc.sequences import FIRST_PLACE, UNSEEN
+from nextloc.sequences import EPOCH_WEEKDAY, FIRST_PLACE, UNSEEN, wall_clock_ns
+from nextloc.staypoints import to_ns
 
 MINUTES_PER_DAY = 1440
 WINDOW_MIN = 7 * MINUTES_PER_DAY  # the reference's history window
 RECENT_MIN = 30 * MINUTES_PER_DAY
 SLOT_MIN = 180  # a time-of-day slot: 3 hours
-EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (Monday = 0)
 # Song et al. (2010), "Modelling the scaling properties of human mobility": P(explore) = rho * S^-gamma
 SONG_RHO, SONG_GAMMA = 0.6, 0.21
 
@@ -132,14 +132,36 @@ class VisitLog:
     def from_staypoints(cls, staypoints: pd.DataFrame, timezone: str = "UTC") -> VisitLog:
         """From ``staypoints.parquet``'s columns ``id``, ``user``, ``location_id``, ``raw_location_id``,
         ``started_at``, ``finished_at`` (tz-aware)."""
-        frame = staypoints.sort_values(["user", "started_at", "id"], kind="stable")
+        return cls.of(
+            staypoints["user"].to_numpy(np.int64),
+            to_ns(staypoints["started_at"]),
+            to_ns(staypoints["finished_at"]),
+            staypoints["location_id"].to_numpy(np.int64),
+            staypoints["raw_location_id"].to_numpy(np.int64),
+            staypoints["id"].to_numpy(np.int64),
+            timezone,
+        )
+
+    @classmethod
+    def of(
+        cls,
+        user: np.ndarray,
+        started_ns: np.ndarray,
+        finished_ns: np.ndarray,
+        place: np.ndarray,
+        raw_place: np.ndarray,
+        staypoint: np.ndarray,
+        timezone: str = "UTC",
+    ) -> VisitLog:
+        """From arrays in any order (times in UTC nanoseconds): sorted by (user, start, staypoint)."""
+        order = np.lexsort((staypoint, started_ns, user))
         return cls(
-            user=frame["user"].to_numpy(np.int64),
-            start=wall_minutes(frame["started_at"], timezone),
-            end=wall_minutes(frame["finished_at"], timezone),
-            place=frame["location_id"].to_numpy(np.int64),
-            raw_place=frame["raw_location_id"].to_numpy(np.int64),
-            staypoint=frame["id"].to_numpy(np.int64),
+            user=np.asarray(user, dtype=np.int64)[order],
+            start=_wall_minutes_ns(np.asarray(started_ns)[order], timezone),
+            end=_wall_minutes_ns(np.asarray(finished_ns)[order], timezone),
+            place=np.asarray(place, dtype=np.int64)[order],
+            raw_place=np.asarray(raw_place, dtype=np.int64)[order],
+            staypoint=np.asarray(staypoint, dtype=np.int64)[order],
         )
 
     def __len__(self) -> int:
@@ -173,8 +195,12 @@ class Queries:
 
 def wall_minutes(times: pd.Series, timezone: str = "UTC") -> np.ndarray:
     """Tz-aware timestamps as wall-clock minutes since 1970-01-01 in ``timezone`` (int64, floored)."""
-    local = times.dt.tz_convert(timezone).dt.tz_localize(None)
-    return local.to_numpy("datetime64[m]").astype(np.int64)
+    return _wall_minutes_ns(to_ns(times), timezone)
+
+
+def _wall_minutes_ns(utc_ns: np.ndarray, timezone: str) -> np.ndarray:
+    local = wall_clock_ns(utc_ns, timezone).view("datetime64[ns]")
+    return local.astype("datetime64[m]").astype(np.int64)
 
 
 def queries_for_targets(log: VisitLog, staypoint_ids: np.ndarray) -> Queries:
@@ -238,8 +264,25 @@ def _share(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 
 
 def _rank_within(group: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """1 + how many rows of the same group have a smaller ``value`` (ties share the smallest rank)."""
-    return pd.Series(value).groupby(group).rank(method="min").to_numpy(np.float64)
+    """1 + how many rows of the same group have a smaller ``value`` (ties share the smallest rank; no NaN)."""
+    order = np.lexsort((value, group))
+    g, v = np.asarray(group)[order], np.asarray(value)[order]
+    new_value = np.r_[True, (g[1:] != g[:-1]) | (v[1:] != v[:-1])] if len(g) else np.zeros(0, dtype=bool)
+    new_group = np.r_[True, g[1:] != g[:-1]] if len(g) else np.zeros(0, dtype=bool)
+    position = np.arange(len(g))
+    tie_start = np.maximum.accumulate(np.where(new_value, position, 0))
+    group_start = np.maximum.accumulate(np.where(new_group, position, 0))
+    rank = np.empty(len(g), dtype=np.float64)
+    rank[order] = tie_start - group_start + 1
+    return rank
+
+
+def _first_visits(user: np.ndarray, raw_place: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each (user, raw place) pair's first start, pairs ascending: ``(user, raw_place, start)``."""
+    order = np.lexsort((start, raw_place, user))
+    u, r = np.asarray(user, dtype=np.int64)[order], np.asarray(raw_place, dtype=np.int64)[order]
+    first = np.r_[True, (u[1:] != u[:-1]) | (r[1:] != r[:-1])] if len(u) else np.zeros(0, dtype=bool)
+    return u[first], r[first], np.asarray(start, dtype=np.int64)[order][first]
 
 
 def _events(
@@ -257,11 +300,7 @@ def _events(
     }
     visit["dwell"] = (log.end - s).astype(np.float64)
     unseen = p == UNSEEN
-    first = pd.DataFrame({"u": u, "r": log.raw_place, "s": s}).groupby(["u", "r"], sort=True)["s"].min()
-    fu, fr = (
-        first.index.get_level_values("u").to_numpy(np.int64),
-        first.index.get_level_values("r").to_numpy(),
-    )
+    fu, fr, first_start = _first_visits(u, log.raw_place, s)
     fresh = (
         np.ones(len(fu), dtype=bool) if known_pairs is None else ~np.isin(fu * (1 << 32) + fr, known_pairs)
     )
@@ -272,7 +311,7 @@ def _events(
     return {
         "visit": (visit, s),
         "unseen": ({"u": u[unseen]}, s[unseen]),
-        "first": ({"u": fu[fresh]}, first.to_numpy(np.int64)[fresh]),
+        "first": ({"u": fu[fresh]}, first_start[fresh]),
         "move": (moves, s[move]),
         "move2": (moves2, s[two]),
     }
