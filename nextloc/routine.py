@@ -340,6 +340,7 @@ class Routine:
         self.centres = centres
         stored = StoredProfile.from_frame(profile) if isinstance(profile, pd.DataFrame) else profile
         self.stored = stored
+        self._last_cutoff: tuple[np.ndarray, np.ndarray] | None = None  # (users array, its cutoffs)
         events = _events(log, stored.known_pairs(self.num_places) if stored is not None else None)
         self.counts: dict[str, EventCounts] = {}
         for name, (kind, columns, value, _) in INDEXES.items():
@@ -371,7 +372,10 @@ class Routine:
         or an index over every user, which holds only what the profile did not count)."""
         if self.stored is None or "u" not in columns:
             return None
-        return self.stored.end_of(columns["u"]) + 1
+        users = columns["u"]
+        if self._last_cutoff is None or self._last_cutoff[0] is not users:  # a feature's counts share one
+            self._last_cutoff = (users, self.stored.end_of(users) + 1)
+        return self._last_cutoff[1]
 
     def profile(self) -> pd.DataFrame:
         """Every index as counts per key (``index``, ``key``, ``count``, ``total``, ``last``); the latest
