@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from nextloc.counts import EventCounts, composite_key
+from nextloc.counts import EventCounts, composite_key, first_of_pairs, rank_within
 from nextloc.routine_profile import StoredProfile
 from nextloc.sequences import EPOCH_WEEKDAY, FIRST_PLACE, UNSEEN, wall_clock_ns
 from nextloc.staypoints import to_ns
@@ -263,28 +263,6 @@ def _share(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     return np.divide(numerator, denominator, out=np.zeros_like(numerator), where=denominator > 0)
 
 
-def _rank_within(group: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """1 + how many rows of the same group have a smaller ``value`` (ties share the smallest rank; no NaN)."""
-    order = np.lexsort((value, group))
-    g, v = np.asarray(group)[order], np.asarray(value)[order]
-    new_value = np.r_[True, (g[1:] != g[:-1]) | (v[1:] != v[:-1])] if len(g) else np.zeros(0, dtype=bool)
-    new_group = np.r_[True, g[1:] != g[:-1]] if len(g) else np.zeros(0, dtype=bool)
-    position = np.arange(len(g))
-    tie_start = np.maximum.accumulate(np.where(new_value, position, 0))
-    group_start = np.maximum.accumulate(np.where(new_group, position, 0))
-    rank = np.empty(len(g), dtype=np.float64)
-    rank[order] = tie_start - group_start + 1
-    return rank
-
-
-def _first_visits(user: np.ndarray, raw_place: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Each (user, raw place) pair's first start, pairs ascending: ``(user, raw_place, start)``."""
-    order = np.lexsort((start, raw_place, user))
-    u, r = np.asarray(user, dtype=np.int64)[order], np.asarray(raw_place, dtype=np.int64)[order]
-    first = np.r_[True, (u[1:] != u[:-1]) | (r[1:] != r[:-1])] if len(u) else np.zeros(0, dtype=bool)
-    return u[first], r[first], np.asarray(start, dtype=np.int64)[order][first]
-
-
 def _events(
     log: VisitLog, known_pairs: np.ndarray | None
 ) -> dict[str, tuple[dict[str, np.ndarray], np.ndarray]]:
@@ -300,7 +278,7 @@ def _events(
     }
     visit["dwell"] = (log.end - s).astype(np.float64)
     unseen = p == UNSEEN
-    fu, fr, first_start = _first_visits(u, log.raw_place, s)
+    fu, fr, first_start = first_of_pairs(u, log.raw_place, s)
     fresh = (
         np.ones(len(fu), dtype=bool) if known_pairs is None else ~np.isin(fu * (1 << 32) + fr, known_pairs)
     )
@@ -444,7 +422,7 @@ class Routine:
             ),
             "n_today": n_place - self.count("place", midnight, u=u, p=place),
             "log_days_since": np.log1p(np.maximum(now - last, 0) / MINUTES_PER_DAY),
-            "recency_rank": _rank_within(q, -np.nan_to_num(last, nan=-np.inf)),
+            "recency_rank": rank_within(q, -np.nan_to_num(last, nan=-np.inf)),
             "log_dwell": np.log1p(
                 _share(self.counts["place"].total(key, now, self._cutoff({"u": u})), n_place)
             ),

@@ -21,8 +21,6 @@ from nextloc.routine import (
     Queries,
     Routine,
     VisitLog,
-    _first_visits,
-    _rank_within,
     queries_after_last,
     queries_for_targets,
     song_explore,
@@ -301,26 +299,6 @@ def test_a_stored_profile_reads_as_the_table() -> None:
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
-
-
-def test_rank_within_is_pandas_min_rank():
-    rng = np.random.default_rng(5)
-    group = rng.integers(0, 6, 400)
-    value = rng.integers(0, 5, 400).astype(np.float64)
-    value[rng.random(400) < 0.1] = np.inf
-    expected = pd.Series(value).groupby(group).rank(method="min").to_numpy(np.float64)
-    np.testing.assert_array_equal(_rank_within(group, value), expected)
-    assert len(_rank_within(np.zeros(0, dtype=np.int64), np.zeros(0))) == 0
-
-
-def test_first_visits_are_pandas_groupby_min():
-    rng = np.random.default_rng(6)
-    user, raw, start = rng.integers(0, 4, 300), rng.integers(0, 9, 300), rng.integers(0, 10**6, 300)
-    first = pd.DataFrame({"u": user, "r": raw, "s": start}).groupby(["u", "r"], sort=True)["s"].min()
-    u, r, s = _first_visits(user, raw, start)
-    assert u.tolist() == first.index.get_level_values("u").tolist()
-    assert r.tolist() == first.index.get_level_values("r").tolist()
-    assert s.tolist() == first.tolist()
 
 
 def test_visit_log_of_arrays_is_from_staypoints():
