@@ -150,3 +150,27 @@ def composite_key(*columns: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
     for column, size in zip(columns, sizes, strict=True):
         key = key * size + np.asarray(column, dtype=np.int64)
     return key
+
+
+def rank_within(group: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """1 + how many rows of the same group have a smaller ``value``: ties share the smallest rank (pandas'
+    ``groupby(group).rank(method="min")`` for values without NaN)."""
+    order = np.lexsort((value, group))
+    g, v = np.asarray(group)[order], np.asarray(value)[order]
+    new_value = np.r_[True, (g[1:] != g[:-1]) | (v[1:] != v[:-1])] if len(g) else np.zeros(0, dtype=bool)
+    new_group = np.r_[True, g[1:] != g[:-1]] if len(g) else np.zeros(0, dtype=bool)
+    position = np.arange(len(g))
+    tie_start = np.maximum.accumulate(np.where(new_value, position, 0))
+    group_start = np.maximum.accumulate(np.where(new_group, position, 0))
+    rank = np.empty(len(g), dtype=np.float64)
+    rank[order] = tie_start - group_start + 1
+    return rank
+
+
+def first_of_pairs(first: np.ndarray, second: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each ``(first, second)`` pair's earliest ``start``, pairs ascending: ``(first, second, start)`` (as a
+    pandas ``groupby([first, second], sort=True).min()``, without pandas: a request's few rows)."""
+    order = np.lexsort((start, second, first))
+    u, r = np.asarray(first, dtype=np.int64)[order], np.asarray(second, dtype=np.int64)[order]
+    first = np.r_[True, (u[1:] != u[:-1]) | (r[1:] != r[:-1])] if len(u) else np.zeros(0, dtype=bool)
+    return u[first], r[first], np.asarray(start, dtype=np.int64)[order][first]

@@ -34,10 +34,10 @@ import pyarrow as pa
 from nextloc.config import PreprocessConfig
 from nextloc.history_reader import RawHistory
 from nextloc.lists import pad_lists
-from nextloc.locations import merge_staypoints
-from nextloc.sequences import FIRST_PLACE, UNSEEN, add_time_features
+from nextloc.locations import merge_runs
+from nextloc.sequences import DAY_NS, FIRST_PLACE, UNSEEN, WallTimes, wall_clock_ns
 from nextloc.serving import PACKED_FEATURES, ModelBundle
-from nextloc.staypoints import create_activity_flag
+from nextloc.staypoints import activity_mask, to_ns
 from nextloc.visits import HISTORY_ID
 from nextloc.vocabulary import nearest_locations
 
@@ -94,14 +94,15 @@ def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | 
         raise ValueError("empty history: no visit given")
     v = visits.reset_index(drop=True)
     keys = _history_keys(v)
-    at_ns = _question_times(v, keys, at)
+    start_ns, end_ns = to_ns(v["started_at"]), to_ns(v["finished_at"])
+    at_ns = _question_times(end_ns, keys, at)
     at_utc = pd.to_datetime(at_ns, utc=True)
-    sp = _merged_activities(v, keys.hist, at_ns, bundle)  # sorted by (history, start_day, start_min)
-    request = _request_visits(sp)
-    sp, h, diff = _window(sp, at_utc, bundle)
-    lengths = _visits_per_history(h, keys, bundle.preprocess)
+    stays = _merged_activities(v, start_ns, end_ns, keys.hist, at_ns, bundle)
+    request = _request_visits(stays)
+    stays, diff = _window(stays, at_ns, bundle)
+    lengths = _visits_per_history(stays.hist, keys, bundle.preprocess)
     users = _user_index(keys.user_ids, bundle.users)
-    packed = _pack(sp, h, diff, lengths, users, bundle.preprocess)
+    packed = _pack(stays, diff, lengths, users, bundle.preprocess)
     meta = pd.DataFrame(
         {
             "user_id": keys.user_ids,
@@ -121,7 +122,7 @@ def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | 
         int(meta["new_place_visits"].sum()),
         int((~meta["known_user"]).sum()),
     )
-    return Histories(packed, meta, request, pd.Series(at_utc), _window_visits(sp, h))
+    return Histories(packed, meta, request, pd.Series(at_utc), _window_visits(stays))
 
 
 @dataclass(frozen=True)
@@ -152,63 +153,97 @@ def _history_keys(v: pd.DataFrame) -> _Keys:
     return _Keys(hist, uniques, v["user_id"].to_numpy(np.int64)[first_row])
 
 
-def _question_times(v: pd.DataFrame, keys: _Keys, at: pd.Timestamp | None) -> np.ndarray:
+def _question_times(end_ns: np.ndarray, keys: _Keys, at: pd.Timestamp | None) -> np.ndarray:
     """Each history's prediction time in UTC nanoseconds: ``at``, else the end of its last visit."""
     n_hist = len(keys.uniques)
     if at is None:
         at_ns = np.full(n_hist, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(at_ns, keys.hist, _ns(v["finished_at"]))
+        np.maximum.at(at_ns, keys.hist, end_ns)
         return at_ns
     stamp = pd.Timestamp(at)
     stamp = stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
     return np.full(n_hist, stamp.value, dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class _Stays:
+    """Merged activities as arrays, sorted by (history, start_day, start_min) as preprocessing sorts them.
+
+    ``place`` is the merge id: a known place (>= 2), or a negative id of its own for each new place.
+    """
+
+    hist: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    place: np.ndarray
+    latitude: np.ndarray
+    longitude: np.ndarray
+    wall: WallTimes
+
+    def take(self, rows: np.ndarray) -> _Stays:
+        """The stays at ``rows`` (a boolean mask or positions)."""
+        wall = WallTimes(**{name: getattr(self.wall, name)[rows] for name in WallTimes.__dataclass_fields__})
+        arrays = (self.hist, self.start_ns, self.end_ns, self.place, self.latitude, self.longitude)
+        return _Stays(*(a[rows] for a in arrays), wall)
+
+    def encoded(self) -> np.ndarray:
+        """The places in the model's ids (a new place is :data:`~nextloc.sequences.UNSEEN`)."""
+        return np.where(self.place >= FIRST_PLACE, self.place, UNSEEN)
+
+
 def _merged_activities(
-    v: pd.DataFrame, hist: np.ndarray, at_ns: np.ndarray, bundle: ModelBundle
-) -> pd.DataFrame:
-    """The activities that started before their history's question, as places, merged, with time features;
-    ``user_id`` holds the history and ``location_id`` the place (a negative id for each new place)."""
+    v: pd.DataFrame, start_ns: np.ndarray, end_ns: np.ndarray, hist: np.ndarray, at_ns: np.ndarray, bundle
+) -> _Stays:
+    """The activities that started before their history's question, as places, merged
+    (:func:`nextloc.locations.merge_runs`) and with their wall-clock features
+    (:class:`~nextloc.sequences.WallTimes`), in preprocessing's order."""
     cfg = bundle.preprocess
-    activity = create_activity_flag(v, cfg.staypoints.activity_time_threshold_min)["is_activity"].to_numpy()
-    keep = activity & (_ns(v["started_at"]) < at_ns[hist])
-    loc = nearest_locations(
-        v["latitude"].to_numpy(), v["longitude"].to_numpy(), bundle.locations, bundle.match_radius_m
-    )
+    keep = activity_mask(start_ns, end_ns, cfg.staypoints.activity_time_threshold_min)
+    keep &= start_ns < at_ns[hist]
+    lat, lon = v["latitude"].to_numpy(np.float64), v["longitude"].to_numpy(np.float64)
+    loc = nearest_locations(lat, lon, bundle.locations, bundle.match_radius_m)
     merge_id = np.where(loc >= FIRST_PLACE, loc, -1 - np.arange(len(v)))
-    frame = v.loc[keep, ["started_at", "finished_at"]].reset_index(drop=True)
-    frame.insert(0, "user_id", hist[keep])
-    frame["location_id"] = merge_id[keep]
-    frame["latitude"] = v["latitude"].to_numpy()[keep]  # merging keeps the first visit's (for maps)
-    frame["longitude"] = v["longitude"].to_numpy()[keep]
-    merged = merge_staypoints(frame, cfg.locations.merge_max_gap_min)
-    return add_time_features(merged, cfg.timezone)
+    rows = np.flatnonzero(keep)
+    rows = rows[np.lexsort((start_ns[rows], hist[rows]))]  # merge_staypoints' order: (user, start), stable
+    first, last = merge_runs(
+        hist[rows], merge_id[rows], start_ns[rows], end_ns[rows], cfg.locations.merge_max_gap_min
+    )
+    start, end = (
+        start_ns[rows[first]],
+        end_ns[rows[last]],
+    )  # merging keeps the first visit's place and coordinates
+    wall = WallTimes.of(start, end, cfg.timezone)
+    kept = rows[first]
+    stays = _Stays(hist[kept], start, end, merge_id[kept], lat[kept], lon[kept], wall)
+    return stays.take(np.lexsort((wall.start_min, wall.start_date, stays.hist)))  # add_time_features' order
 
 
-def _request_visits(sp: pd.DataFrame) -> pd.DataFrame:
+def _utc(ns: np.ndarray) -> pd.DatetimeIndex:
+    return pd.to_datetime(np.asarray(ns, dtype=np.int64), utc=True)
+
+
+def _request_visits(stays: _Stays) -> pd.DataFrame:
     """Every merged visit before each question, for the routine kinds (:attr:`Histories.visits`)."""
-    merge_ids = sp["location_id"].to_numpy(np.int64)
     return pd.DataFrame(
         {
-            "history": sp["user_id"].to_numpy(np.int64),
-            "started_at": sp["started_at"].to_numpy(),
-            "finished_at": sp["finished_at"].to_numpy(),
-            "place": np.where(merge_ids >= FIRST_PLACE, merge_ids, UNSEEN),
-            "raw_place": merge_ids,
+            "history": stays.hist,
+            "started_at": _utc(stays.start_ns),
+            "finished_at": _utc(stays.end_ns),
+            "place": stays.encoded(),
+            "raw_place": stays.place,
         }
     )
 
 
-def _window_visits(sp: pd.DataFrame, h: np.ndarray) -> pd.DataFrame:
+def _window_visits(stays: _Stays) -> pd.DataFrame:
     """The windowed visits with their coordinates (:attr:`Histories.window`)."""
-    merge_ids = sp["location_id"].to_numpy(np.int64)
     return pd.DataFrame(
         {
-            "history": h,
-            "started_at": sp["started_at"].to_numpy(),
-            "place": np.where(merge_ids >= FIRST_PLACE, merge_ids, UNSEEN),
-            "latitude": sp["latitude"].to_numpy(np.float64),
-            "longitude": sp["longitude"].to_numpy(np.float64),
+            "history": stays.hist,
+            "started_at": _utc(stays.start_ns),
+            "place": stays.encoded(),
+            "latitude": stays.latitude,
+            "longitude": stays.longitude,
         }
     )
 
@@ -239,23 +274,19 @@ def history_visits(histories: Histories, index: int, locations: pd.DataFrame | N
     )
 
 
-def _window(
-    sp: pd.DataFrame, at_utc: pd.DatetimeIndex, bundle: ModelBundle
-) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """The visits within ``previous_days`` of their question (at most the ``max_history`` most recent),
-    each visit's history and its days before the question's day."""
+def _window(stays: _Stays, at_ns: np.ndarray, bundle: ModelBundle) -> tuple[_Stays, np.ndarray]:
+    """The visits within ``previous_days`` of their question (at most the ``max_history`` most recent), and
+    each one's days before the question's day (wall-clock dates in the dataset's timezone)."""
     cfg = bundle.preprocess
-    h = sp["user_id"].to_numpy(np.int64)
-    start_date = _local_day(sp["started_at"], cfg.timezone)
-    at_date = _local_day(pd.Series(at_utc), cfg.timezone)
-    diff = at_date[h] - start_date
+    at_date = wall_clock_ns(at_ns, cfg.timezone) // DAY_NS
+    diff = at_date[stays.hist] - stays.wall.start_date
     in_window = diff <= cfg.samples.previous_days
-    sp = sp.loc[in_window].reset_index(drop=True)
-    h, diff = h[in_window], diff[in_window]
+    stays, diff = stays.take(in_window), diff[in_window]
     if bundle.max_history is not None:  # the most recent visits the model can take
-        recent = sp.groupby(h).cumcount(ascending=False).to_numpy() < bundle.max_history
-        sp, h, diff = sp.loc[recent].reset_index(drop=True), h[recent], diff[recent]
-    return sp, h, diff
+        h = stays.hist
+        recent = np.searchsorted(h, h, side="right") - 1 - np.arange(len(h)) < bundle.max_history
+        stays, diff = stays.take(recent), diff[recent]
+    return stays, diff
 
 
 def _visits_per_history(h: np.ndarray, keys: _Keys, cfg: PreprocessConfig) -> np.ndarray:
@@ -275,21 +306,16 @@ def _visits_per_history(h: np.ndarray, keys: _Keys, cfg: PreprocessConfig) -> np
 
 
 def _pack(
-    sp: pd.DataFrame,
-    h: np.ndarray,
-    diff: np.ndarray,
-    lengths: np.ndarray,
-    users: np.ndarray,
-    cfg: PreprocessConfig,
+    stays: _Stays, diff: np.ndarray, lengths: np.ndarray, users: np.ndarray, cfg: PreprocessConfig
 ) -> np.ndarray:
     """``(H, T, 6)`` in :data:`nextloc.serving.PACKED_FEATURES` order, right-padded with 0."""
-    location = sp["location_id"].to_numpy()
-    position = sp.groupby(h).cumcount().to_numpy()
+    h = stays.hist  # ascending: each history's visits are consecutive
+    position = np.arange(len(h)) - np.searchsorted(h, h, side="left")
     packed = np.zeros((len(lengths), int(lengths.max()), len(PACKED_FEATURES)), dtype=np.int64)
-    packed[h, position, 0] = np.where(location >= FIRST_PLACE, location, UNSEEN)
-    packed[h, position, 1] = sp["start_min"].to_numpy()
-    packed[h, position, 2] = sp["weekday"].to_numpy()
-    packed[h, position, 3] = np.minimum(sp["duration"].to_numpy(), cfg.samples.duration_cap_min)
+    packed[h, position, 0] = stays.encoded()
+    packed[h, position, 1] = stays.wall.start_min
+    packed[h, position, 2] = stays.wall.weekday
+    packed[h, position, 3] = np.minimum(stays.wall.duration, cfg.samples.duration_cap_min)
     packed[h, position, 4] = diff
     packed[:, :, 5] = users[:, None]
     return packed
@@ -323,16 +349,6 @@ def to_histories(raw: RawHistory, bundle: ModelBundle, at: pd.Timestamp | None =
     if raw.kind == "samples":
         return sample_histories(raw.data)
     return packed_histories(raw.data)
-
-
-def _ns(times: pd.Series) -> np.ndarray:
-    return times.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy("datetime64[ns]").view(np.int64)
-
-
-def _local_day(times: pd.Series, timezone: str) -> np.ndarray:
-    """Whole days since the epoch of each time's wall-clock date in ``timezone``."""
-    local = times.dt.tz_convert(timezone).dt.tz_localize(None).dt.normalize()
-    return local.to_numpy("datetime64[D]").astype(np.int64)
 
 
 def _user_index(user_ids: np.ndarray, users: pd.DataFrame | None) -> np.ndarray:

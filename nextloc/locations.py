@@ -318,14 +318,32 @@ def merge_staypoints(staypoints: pd.DataFrame, max_time_gap_min: float = 1.0) ->
     sp = staypoints.sort_values(["user_id", "started_at"], kind="stable").reset_index(drop=True)
     if len(sp) == 0:
         return sp
-    user = sp["user_id"].to_numpy()
-    loc = sp["location_id"].to_numpy()
-    gap_ns = to_ns(sp["started_at"])[1:] - to_ns(sp["finished_at"])[:-1]
-    joins_next = (user[1:] == user[:-1]) & (loc[1:] == loc[:-1]) & (gap_ns <= round(max_time_gap_min * 60e9))
-    run_id = np.concatenate([[0], np.cumsum(~joins_next)])
-    last_of_run = np.r_[run_id[1:] != run_id[:-1], True]
-    first_of_run = np.r_[True, run_id[1:] != run_id[:-1]]
+    first_of_run, last_of_run = merge_runs(
+        sp["user_id"].to_numpy(),
+        sp["location_id"].to_numpy(),
+        to_ns(sp["started_at"]),
+        to_ns(sp["finished_at"]),
+        max_time_gap_min,
+    )
     merged = sp.loc[first_of_run].reset_index(drop=True)
     merged["finished_at"] = sp.loc[last_of_run, "finished_at"].to_numpy()
     logger.info("merge: %d -> %d staypoints", len(sp), len(merged))
     return merged
+
+
+def merge_runs(
+    user: np.ndarray,
+    location: np.ndarray,
+    started_ns: np.ndarray,
+    finished_ns: np.ndarray,
+    max_time_gap_min: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`merge_staypoints`' rule on arrays sorted by (user, start): which rows start a merged run and
+    which end one (boolean ``(N,)`` each; the merged stay has the first row's start and location and the
+    last row's end)."""
+    if not len(user):
+        return np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    gap_ns = np.asarray(started_ns)[1:] - np.asarray(finished_ns)[:-1]
+    same = (user[1:] == user[:-1]) & (location[1:] == location[:-1])
+    joins_next = same & (gap_ns <= round(max_time_gap_min * 60e9))
+    return np.r_[True, ~joins_next], np.r_[~joins_next, True]

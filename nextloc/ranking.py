@@ -33,6 +33,7 @@ from nextloc.routine import (
 )
 from nextloc.routine_profile import StoredProfile
 from nextloc.sequences import FIRST_PLACE
+from nextloc.staypoints import to_ns
 from nextloc.trees import TreeEnsemble
 from nextloc.vocabulary import place_centres, place_popularity
 
@@ -358,24 +359,23 @@ class RoutineAnswerer:
         h = visits["history"].to_numpy(np.int64)
         n = len(users)
         users = np.asarray(users, dtype=np.int64)
-        first_of_user = ~pd.Series(users).duplicated().to_numpy()
+        first_of_user = np.zeros(n, dtype=bool)
+        first_of_user[np.unique(users, return_index=True)[1]] = True
         known = self.profile.users
         in_profile = first_of_user & np.isin(users, known)
         fresh = int(max(int(known.max()) if len(known) else 0, int(users.max()) if n else 0)) + 1
         routine_user = np.where(in_profile, users, fresh + np.arange(n))
-        frame = pd.DataFrame(
-            {
-                "user": routine_user[h],
-                "started_at": visits["started_at"],
-                "finished_at": visits["finished_at"],
-                "location_id": visits["place"].to_numpy(np.int64),
-                "raw_location_id": visits["raw_place"].to_numpy(np.int64),
-                "id": np.arange(len(visits)),
-            }
+        log = VisitLog.of(
+            routine_user[h],
+            to_ns(visits["started_at"]),
+            to_ns(visits["finished_at"]),
+            visits["place"].to_numpy(np.int64),
+            visits["raw_place"].to_numpy(np.int64),
+            np.arange(len(visits)),
+            self.timezone,
         )
-        log = VisitLog.from_staypoints(frame, self.timezone)
         order = np.argsort(routine_user, kind="stable")  # queries_after_last answers users ascending
-        now = wall_minutes(pd.Series(pd.DatetimeIndex(at)[order]), self.timezone)
+        now = wall_minutes(pd.Series(at).iloc[order], self.timezone)
         queries = queries_after_last(log, now)
         routine = Routine(log, self.num_places, self.centres, self.profile)
         candidates = CandidateSet.build(routine, queries)

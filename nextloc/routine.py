@@ -29,15 +29,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from nextloc.counts import EventCounts, composite_key
+from nextloc.counts import EventCounts, composite_key, first_of_pairs, rank_within
 from nextloc.routine_profile import StoredProfile
-from nextloc.sequences import FIRST_PLACE, UNSEEN
+from nextloc.sequences import EPOCH_WEEKDAY, FIRST_PLACE, UNSEEN, wall_clock_ns
+from nextloc.staypoints import to_ns
 
 MINUTES_PER_DAY = 1440
 WINDOW_MIN = 7 * MINUTES_PER_DAY  # the reference's history window
 RECENT_MIN = 30 * MINUTES_PER_DAY
 SLOT_MIN = 180  # a time-of-day slot: 3 hours
-EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (Monday = 0)
 # Song et al. (2010), "Modelling the scaling properties of human mobility": P(explore) = rho * S^-gamma
 SONG_RHO, SONG_GAMMA = 0.6, 0.21
 
@@ -132,14 +132,36 @@ class VisitLog:
     def from_staypoints(cls, staypoints: pd.DataFrame, timezone: str = "UTC") -> VisitLog:
         """From ``staypoints.parquet``'s columns ``id``, ``user``, ``location_id``, ``raw_location_id``,
         ``started_at``, ``finished_at`` (tz-aware)."""
-        frame = staypoints.sort_values(["user", "started_at", "id"], kind="stable")
+        return cls.of(
+            staypoints["user"].to_numpy(np.int64),
+            to_ns(staypoints["started_at"]),
+            to_ns(staypoints["finished_at"]),
+            staypoints["location_id"].to_numpy(np.int64),
+            staypoints["raw_location_id"].to_numpy(np.int64),
+            staypoints["id"].to_numpy(np.int64),
+            timezone,
+        )
+
+    @classmethod
+    def of(
+        cls,
+        user: np.ndarray,
+        started_ns: np.ndarray,
+        finished_ns: np.ndarray,
+        place: np.ndarray,
+        raw_place: np.ndarray,
+        staypoint: np.ndarray,
+        timezone: str = "UTC",
+    ) -> VisitLog:
+        """From arrays in any order (times in UTC nanoseconds): sorted by (user, start, staypoint)."""
+        order = np.lexsort((staypoint, started_ns, user))
         return cls(
-            user=frame["user"].to_numpy(np.int64),
-            start=wall_minutes(frame["started_at"], timezone),
-            end=wall_minutes(frame["finished_at"], timezone),
-            place=frame["location_id"].to_numpy(np.int64),
-            raw_place=frame["raw_location_id"].to_numpy(np.int64),
-            staypoint=frame["id"].to_numpy(np.int64),
+            user=np.asarray(user, dtype=np.int64)[order],
+            start=_wall_minutes_ns(np.asarray(started_ns)[order], timezone),
+            end=_wall_minutes_ns(np.asarray(finished_ns)[order], timezone),
+            place=np.asarray(place, dtype=np.int64)[order],
+            raw_place=np.asarray(raw_place, dtype=np.int64)[order],
+            staypoint=np.asarray(staypoint, dtype=np.int64)[order],
         )
 
     def __len__(self) -> int:
@@ -173,8 +195,12 @@ class Queries:
 
 def wall_minutes(times: pd.Series, timezone: str = "UTC") -> np.ndarray:
     """Tz-aware timestamps as wall-clock minutes since 1970-01-01 in ``timezone`` (int64, floored)."""
-    local = times.dt.tz_convert(timezone).dt.tz_localize(None)
-    return local.to_numpy("datetime64[m]").astype(np.int64)
+    return _wall_minutes_ns(to_ns(times), timezone)
+
+
+def _wall_minutes_ns(utc_ns: np.ndarray, timezone: str) -> np.ndarray:
+    local = wall_clock_ns(utc_ns, timezone).view("datetime64[ns]")
+    return local.astype("datetime64[m]").astype(np.int64)
 
 
 def queries_for_targets(log: VisitLog, staypoint_ids: np.ndarray) -> Queries:
@@ -237,11 +263,6 @@ def _share(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     return np.divide(numerator, denominator, out=np.zeros_like(numerator), where=denominator > 0)
 
 
-def _rank_within(group: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """1 + how many rows of the same group have a smaller ``value`` (ties share the smallest rank)."""
-    return pd.Series(value).groupby(group).rank(method="min").to_numpy(np.float64)
-
-
 def _events(
     log: VisitLog, known_pairs: np.ndarray | None
 ) -> dict[str, tuple[dict[str, np.ndarray], np.ndarray]]:
@@ -257,11 +278,7 @@ def _events(
     }
     visit["dwell"] = (log.end - s).astype(np.float64)
     unseen = p == UNSEEN
-    first = pd.DataFrame({"u": u, "r": log.raw_place, "s": s}).groupby(["u", "r"], sort=True)["s"].min()
-    fu, fr = (
-        first.index.get_level_values("u").to_numpy(np.int64),
-        first.index.get_level_values("r").to_numpy(),
-    )
+    fu, fr, first_start = first_of_pairs(u, log.raw_place, s)
     fresh = (
         np.ones(len(fu), dtype=bool) if known_pairs is None else ~np.isin(fu * (1 << 32) + fr, known_pairs)
     )
@@ -272,7 +289,7 @@ def _events(
     return {
         "visit": (visit, s),
         "unseen": ({"u": u[unseen]}, s[unseen]),
-        "first": ({"u": fu[fresh]}, first.to_numpy(np.int64)[fresh]),
+        "first": ({"u": fu[fresh]}, first_start[fresh]),
         "move": (moves, s[move]),
         "move2": (moves2, s[two]),
     }
@@ -301,6 +318,7 @@ class Routine:
         self.centres = centres
         stored = StoredProfile.from_frame(profile) if isinstance(profile, pd.DataFrame) else profile
         self.stored = stored
+        self._last_cutoff: tuple[np.ndarray, np.ndarray] | None = None  # (users array, its cutoffs)
         events = _events(log, stored.known_pairs(self.num_places) if stored is not None else None)
         self.counts: dict[str, EventCounts] = {}
         for name, (kind, columns, value, _) in INDEXES.items():
@@ -332,7 +350,10 @@ class Routine:
         or an index over every user, which holds only what the profile did not count)."""
         if self.stored is None or "u" not in columns:
             return None
-        return self.stored.end_of(columns["u"]) + 1
+        users = columns["u"]
+        if self._last_cutoff is None or self._last_cutoff[0] is not users:  # a feature's counts share one
+            self._last_cutoff = (users, self.stored.end_of(users) + 1)
+        return self._last_cutoff[1]
 
     def profile(self) -> pd.DataFrame:
         """Every index as counts per key (``index``, ``key``, ``count``, ``total``, ``last``); the latest
@@ -401,7 +422,7 @@ class Routine:
             ),
             "n_today": n_place - self.count("place", midnight, u=u, p=place),
             "log_days_since": np.log1p(np.maximum(now - last, 0) / MINUTES_PER_DAY),
-            "recency_rank": _rank_within(q, -np.nan_to_num(last, nan=-np.inf)),
+            "recency_rank": rank_within(q, -np.nan_to_num(last, nan=-np.inf)),
             "log_dwell": np.log1p(
                 _share(self.counts["place"].total(key, now, self._cutoff({"u": u})), n_place)
             ),

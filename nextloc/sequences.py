@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 from nextloc.config import SampleConfig, SplitConfig
+from nextloc.staypoints import to_ns
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +32,58 @@ HISTORY_FIELDS = {
 }
 
 
+MINUTE_NS = 60_000_000_000
+DAY_NS = 1440 * MINUTE_NS
+EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (Monday = 0)
+
+
+def wall_clock_ns(utc_ns: np.ndarray, timezone: str = "UTC") -> np.ndarray:
+    """UTC nanoseconds since the epoch as wall-clock nanoseconds in ``timezone`` (int64): the one conversion
+    behind every wall-clock feature (minute of the day, weekday, local day)."""
+    ns = np.asarray(utc_ns, dtype=np.int64)
+    if timezone == "UTC":
+        return ns
+    local = pd.DatetimeIndex(ns.view("datetime64[ns]")).tz_localize("UTC").tz_convert(timezone)
+    return local.tz_localize(None).asi8
+
+
+@dataclass(frozen=True)
+class WallTimes:
+    """A visit's wall-clock features in a timezone, from its UTC start and end (int64 arrays).
+
+    ``start_date``/``end_date``: days since 1970-01-01 of the wall-clock dates; ``start_min``/``end_min``:
+    minutes of the day (``end_min`` 0 is 1440); ``weekday``: Mon=0; ``duration``: whole minutes, floored.
+    """
+
+    start_date: np.ndarray
+    end_date: np.ndarray
+    start_min: np.ndarray
+    end_min: np.ndarray
+    weekday: np.ndarray
+    duration: np.ndarray
+
+    @classmethod
+    def of(cls, started_ns: np.ndarray, finished_ns: np.ndarray, timezone: str = "UTC") -> WallTimes:
+        start = wall_clock_ns(started_ns, timezone)
+        end = wall_clock_ns(finished_ns, timezone)
+        end_min = end // MINUTE_NS % 1440
+        seconds = (np.asarray(finished_ns, dtype=np.int64) - np.asarray(started_ns, dtype=np.int64)) / 1e9
+        return cls(
+            start_date=start // DAY_NS,
+            end_date=end // DAY_NS,
+            start_min=start // MINUTE_NS % 1440,
+            end_min=np.where(end_min != 0, end_min, 1440),
+            weekday=(start // DAY_NS + EPOCH_WEEKDAY) % 7,
+            duration=(seconds // 60).astype(np.int64),  # as pandas' total_seconds() // 60
+        )
+
+
 def add_time_features(staypoints: pd.DataFrame, timezone: str = "UTC") -> pd.DataFrame:
     """Reference ``enrich_time_info``: day indices, minutes of day, weekday, and a new sorted ``id``.
 
-    Wall-clock values are taken in ``timezone`` (the reference uses UTC). ``start_day``/``end_day`` count
-    days from the date of the user's first staypoint; ``end_min`` 0 becomes 1440; ``weekday`` is Mon=0.
-    ``duration`` is whole minutes, floored, before any cap.
+    Wall-clock values are taken in ``timezone`` (the reference uses UTC, :class:`WallTimes`).
+    ``start_day``/``end_day`` count days from the date of the user's first staypoint; ``end_min`` 0 becomes
+    1440; ``weekday`` is Mon=0. ``duration`` is whole minutes, floored, before any cap.
 
     Args:
         staypoints: merged staypoints with ``user_id``, ``started_at``, ``finished_at`` (tz-aware).
@@ -49,16 +96,14 @@ def add_time_features(staypoints: pd.DataFrame, timezone: str = "UTC") -> pd.Dat
         >>> sp = add_time_features(merged, timezone="UTC")  # doctest: +SKIP
     """
     sp = staypoints.copy()
-    start = sp["started_at"].dt.tz_convert(timezone).dt.tz_localize(None)
-    end = sp["finished_at"].dt.tz_convert(timezone).dt.tz_localize(None)
-    sp["duration"] = ((sp["finished_at"] - sp["started_at"]).dt.total_seconds() // 60).astype(np.int64)
-    min_day = start.groupby(sp["user_id"]).transform("min").dt.normalize()
-    sp["start_day"] = (start - min_day).dt.days.astype(np.int64)
-    sp["end_day"] = (end - min_day).dt.days.astype(np.int64)
-    sp["start_min"] = (start.dt.hour * 60 + start.dt.minute).astype(np.int64)
-    end_min = (end.dt.hour * 60 + end.dt.minute).astype(np.int64)
-    sp["end_min"] = end_min.where(end_min != 0, 24 * 60)
-    sp["weekday"] = start.dt.weekday.astype(np.int64)
+    wall = WallTimes.of(to_ns(sp["started_at"]), to_ns(sp["finished_at"]), timezone)
+    first_date = pd.Series(wall.start_date).groupby(sp["user_id"].to_numpy()).transform("min").to_numpy()
+    sp["duration"] = wall.duration
+    sp["start_day"] = wall.start_date - first_date
+    sp["end_day"] = wall.end_date - first_date
+    sp["start_min"] = wall.start_min
+    sp["end_min"] = wall.end_min
+    sp["weekday"] = wall.weekday
     sp = sp.sort_values(["user_id", "start_day", "start_min"], kind="stable").reset_index(drop=True)
     sp.insert(0, "id", np.arange(len(sp), dtype=np.int64))
     return sp

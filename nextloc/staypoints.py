@@ -26,6 +26,8 @@ import pandas as pd
 
 from nextloc.config import StaypointConfig
 
+NAT_NS = np.iinfo(np.int64).min  # NaT as int64 nanoseconds
+
 logger = logging.getLogger(__name__)
 
 _NS_PER_MIN = 60_000_000_000
@@ -133,13 +135,23 @@ def create_activity_flag(staypoints: pd.DataFrame, time_threshold_min: float = 2
         >>> sp = create_activity_flag(sp, time_threshold_min=25)  # doctest: +SKIP
     """
     sp = staypoints.copy()
-    sp["is_activity"] = (sp["finished_at"] - sp["started_at"]) > pd.Timedelta(minutes=time_threshold_min)
+    sp["is_activity"] = activity_mask(to_ns(sp["started_at"]), to_ns(sp["finished_at"]), time_threshold_min)
     return sp
 
 
+def activity_mask(started_ns: np.ndarray, finished_ns: np.ndarray, time_threshold_min: float) -> np.ndarray:
+    """Which stays are activities: lasted strictly more than ``time_threshold_min`` minutes (UTC ns; a stay
+    without a start or an end, NaT, is not one)."""
+    start, end = np.asarray(started_ns, dtype=np.int64), np.asarray(finished_ns, dtype=np.int64)
+    known = (start != NAT_NS) & (end != NAT_NS)
+    return known & (end - start > pd.Timedelta(minutes=time_threshold_min).value)
+
+
 def to_ns(times: pd.Series) -> np.ndarray:
-    """Nanoseconds since the epoch (UTC) of a tz-aware datetime column."""
-    return times.dt.tz_convert("UTC").dt.tz_localize(None).to_numpy("datetime64[ns]").view(np.int64)
+    """Nanoseconds since the epoch (UTC) of a tz-aware datetime column (any unit, any zone)."""
+    if not isinstance(times.dtype, pd.DatetimeTZDtype):
+        raise TypeError(f"expected tz-aware times, got {times.dtype} (use tz_localize to localize them)")
+    return times.to_numpy("datetime64[ns]").view(np.int64)
 
 
 def _validate(positionfixes: pd.DataFrame) -> None:

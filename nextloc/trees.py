@@ -12,6 +12,7 @@ output) is refused by :meth:`TreeEnsemble.parse`, and the caller uses LightGBM i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -76,27 +77,77 @@ class TreeEnsemble:
             leaf_value=joined["leaf"].astype(np.float64),
         )
 
+    @cached_property
+    def _walk(self) -> _Walk:
+        """The nodes with one more per leaf that leads to itself, so that the rows of a tree walk as many
+        steps as the tree is deep with no bookkeeping of which reached a leaf; trees deepest first."""
+        n_nodes, n_leaves = len(self.feature), len(self.leaf_value)
+        leaves = n_nodes + np.arange(n_leaves)
+        depth = np.zeros(len(self.root), dtype=np.int64)
+        tree = np.flatnonzero(self.root >= 0)
+        frontier, level = self.root[tree], 0
+        while len(frontier):
+            level += 1
+            depth[tree] = level
+            children, tree = np.concatenate([self.left[frontier], self.right[frontier]]), np.r_[tree, tree]
+            frontier, tree = children[children >= 0], tree[children >= 0]
+        order = np.argsort(-depth, kind="stable")
+        start = np.where(self.root >= 0, self.root, n_nodes - 1 - self.root)[order]
+        # the next node of node i: child[2 * i] going right, child[2 * i + 1] going left
+        right, left = (np.r_[np.where(c >= 0, c, n_nodes - 1 - c), leaves] for c in (self.right, self.left))
+        return _Walk(
+            order=order,
+            start=start,
+            deeper=tuple(int((depth > d).sum()) for d in range(level)),
+            feature=np.r_[self.feature, np.zeros(n_leaves, dtype=np.int64)],
+            threshold=np.r_[self.threshold, np.full(n_leaves, np.inf)],
+            child=np.column_stack([right, left]).ravel(),
+            default_left=np.r_[self.default_left, np.ones(n_leaves, dtype=bool)],
+            missing=np.r_[self.missing, np.zeros(n_leaves, dtype=np.int64)],
+            n_nodes=n_nodes,
+        )
+
     def predict(self, features: np.ndarray) -> np.ndarray:
         """``(R,)`` raw scores of ``(R, F)`` feature rows: the sum of every tree's leaf, in tree order."""
         x = np.asarray(features, dtype=np.float64)
         x = np.where(np.abs(x) <= ZERO_THRESHOLD, 0.0, x)  # LightGBM drops near-zero values of a dense row
-        rows = np.arange(len(x))
-        node = np.repeat(self.root[:, None], len(x), axis=1)  # (T, R)
-        row = np.broadcast_to(rows, node.shape)
-        active = np.flatnonzero(node.ravel() >= 0)
-        flat = node.ravel()
-        while len(active):
-            at = flat[active]
-            value = x[row.ravel()[active], self.feature[at]]
-            missing = self.missing[at]
-            nan = np.isnan(value)
-            value = np.where(nan & (missing != MISSING_NAN), 0.0, value)
-            is_missing = ((missing == MISSING_ZERO) & (value == 0.0)) | ((missing == MISSING_NAN) & nan)
-            go_left = np.where(is_missing, self.default_left[at], value <= self.threshold[at])
-            flat[active] = np.where(go_left, self.left[at], self.right[at])
-            active = active[flat[active] >= 0]
-        values = self.leaf_value[-1 - node]
-        total = np.zeros(len(x))
-        for tree_values in values:  # LightGBM adds the trees one after another
-            total += tree_values
-        return total
+        walk = self._walk
+        plain = not walk.missing.any()  # no node tells missing values apart: NaN is 0 everywhere
+        if plain:
+            x = np.where(np.isnan(x), 0.0, x)
+        values = x.ravel()
+        row_start = (np.arange(len(x)) * x.shape[1])[None, :]
+        node = np.repeat(walk.start[:, None], len(x), axis=1)  # (T, R), trees deepest first
+        for deeper in walk.deeper:  # step d: the trees deeper than d
+            at = node[:deeper]
+            value = values[row_start + walk.feature[at]]
+            if plain:
+                go_left = value <= walk.threshold[at]
+            else:
+                missing = walk.missing[at]
+                nan = np.isnan(value)
+                value = np.where(nan & (missing != MISSING_NAN), 0.0, value)
+                is_missing = ((missing == MISSING_ZERO) & (value == 0.0)) | ((missing == MISSING_NAN) & nan)
+                go_left = np.where(is_missing, walk.default_left[at], value <= walk.threshold[at])
+            node[:deeper] = walk.child[2 * at + go_left]
+        leaf = np.empty_like(node)
+        leaf[walk.order] = node - walk.n_nodes  # back in tree order
+        # LightGBM adds the trees one after another: a running sum from 0, tree by tree
+        return np.cumsum(np.vstack([np.zeros((1, len(x))), self.leaf_value[leaf]]), axis=0)[-1]
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """:attr:`TreeEnsemble._walk`: node arrays with a self-loop per leaf (leaf ``i`` at ``n_nodes + i``),
+    the trees' order (deepest first), their first nodes in that order and, per step, how many trees are
+    deeper than it."""
+
+    order: np.ndarray
+    start: np.ndarray
+    deeper: tuple[int, ...]
+    feature: np.ndarray
+    threshold: np.ndarray
+    child: np.ndarray
+    default_left: np.ndarray
+    missing: np.ndarray
+    n_nodes: int

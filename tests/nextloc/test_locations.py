@@ -22,9 +22,9 @@ from sklearn.metrics.pairwise import haversine_distances
 
 from nextloc.config import LocationConfig, PreprocessConfig
 from nextloc.dataset import locate_staypoints
-from nextloc.locations import generate_locations, make_tiles, merge_staypoints, partitioned_dbscan
+from nextloc.locations import generate_locations, make_tiles, merge_runs, merge_staypoints, partitioned_dbscan
 from nextloc.quality import filter_users_by_quality, user_extents
-from nextloc.staypoints import create_activity_flag
+from nextloc.staypoints import activity_mask, create_activity_flag, to_ns
 from nextloc.visits import EARTH_RADIUS_M
 
 BEIJING = (39.984702, 116.318417)  # (lat, lon)
@@ -429,3 +429,34 @@ class TestPartitionedDbscan:
         one_place = np.zeros((5, 2))  # equal coordinates stay in one tile
         assert len(make_tiles(one_place, 1e-6, 4)) == 1
         np.testing.assert_array_equal(partitioned_dbscan(one_place, 1e-6, 2, 4), np.zeros(5, np.int64))
+
+
+def test_merge_runs_joins_same_user_same_place_within_the_gap():
+    minute = 60 * 10**9
+    user = np.array([1, 1, 1, 1, 2, 2])
+    place = np.array([5, 5, 5, 6, 6, 6])
+    start = np.array([0, 11, 30, 40, 50, 61]) * minute
+    end = np.array([10, 20, 35, 45, 60, 70]) * minute
+    first, last = merge_runs(user, place, start, end, 1.0)
+    # 0+1 (gap 1 min), 2 alone (gap 10), 3 alone (another place), 4 (another user) + 5 (gap 1)
+    assert first.tolist() == [True, False, True, True, True, False]
+    assert last.tolist() == [False, True, True, True, False, True]
+    empty = merge_runs(*(np.zeros(0, dtype=np.int64),) * 4, 1.0)
+    assert [len(a) for a in empty] == [0, 0]
+
+
+def test_activity_mask_is_create_activity_flags_rule():
+    start = pd.Series(
+        pd.to_datetime(["2008-01-01 00:00:00", "2008-01-01 00:00:00", "2008-01-01 00:00:00", None], utc=True)
+    )
+    end = pd.Series(
+        pd.to_datetime(
+            ["2008-01-01 00:25:00", "2008-01-01 00:25:00.000000001", None, None], utc=True, format="ISO8601"
+        )
+    )
+    frame = pd.DataFrame({"started_at": start, "finished_at": end})
+    expected = create_activity_flag(frame, 25.0)["is_activity"].to_numpy()
+    assert expected.tolist() == [False, True, False, False]
+    assert activity_mask(to_ns(start), to_ns(end), 25.0).tolist() == expected.tolist()
+    with pytest.raises(TypeError, match="tz-aware"):
+        to_ns(pd.Series(pd.to_datetime(["2008-01-01"])))

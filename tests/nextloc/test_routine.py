@@ -299,3 +299,25 @@ def test_a_stored_profile_reads_as_the_table() -> None:
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)
+
+
+def test_visit_log_of_arrays_is_from_staypoints():
+    rng = np.random.default_rng(7)
+    n = 200
+    starts = pd.to_datetime("2008-03-01", utc=True) + pd.to_timedelta(rng.integers(0, 10**7, n) * 10**9, "ns")
+    frame = pd.DataFrame(
+        {
+            "id": rng.permutation(n),
+            "user": rng.integers(0, 5, n),
+            "location_id": rng.integers(1, NUM_PLACES, n),
+            "raw_location_id": rng.integers(0, 50, n),
+            "started_at": starts,
+            "finished_at": starts + pd.Timedelta(minutes=30),
+        }
+    )
+    frame.loc[:20, "started_at"] = frame.loc[0, "started_at"]  # ties: the staypoint id breaks them
+    expected = frame.sort_values(["user", "started_at", "id"], kind="stable")
+    log = VisitLog.from_staypoints(frame, "America/New_York")
+    assert log.staypoint.tolist() == expected["id"].tolist()
+    local = expected["started_at"].dt.tz_convert("America/New_York").dt.tz_localize(None)
+    assert log.start.tolist() == local.to_numpy("datetime64[m]").astype(np.int64).tolist()

@@ -27,12 +27,14 @@ from nextloc.sequences import (
     PAD,
     SPLITS,
     UNSEEN,
+    WallTimes,
     add_time_features,
     assign_split,
     build_samples,
     encode,
     filter_users_with_targets,
     valid_targets,
+    wall_clock_ns,
 )
 
 PREVIOUS_DAY = 7
@@ -692,3 +694,26 @@ class TestSplitsTargetsAndSamples:
         again = nextloc_steps(shuffled)
         for split in SPLITS:
             assert again[1][split].equals(ours[1][split])
+
+
+@pytest.mark.parametrize("timezone", ["UTC", "Asia/Shanghai", "America/New_York"])
+def test_wall_times_are_pandas_wall_clock_features(timezone):
+    """WallTimes (the arrays behind add_time_features and a request's history) against pandas' .dt, across
+    DST changes and midnight."""
+    rng = np.random.default_rng(3)
+    start = pd.Series(
+        pd.to_datetime("2008-03-01", utc=True) + pd.to_timedelta(rng.integers(0, 300 * 86400, 500), "s")
+    )
+    end = start + pd.to_timedelta(rng.integers(0, 3 * 86400 * 10**9, 500), "ns")
+    start_ns = start.to_numpy("datetime64[ns]").view(np.int64)
+    wall = WallTimes.of(start_ns, end.to_numpy("datetime64[ns]").view(np.int64), timezone)
+    local_start = start.dt.tz_convert(timezone).dt.tz_localize(None)
+    local_end = end.dt.tz_convert(timezone).dt.tz_localize(None)
+    assert np.array_equal(wall_clock_ns(start_ns, timezone), local_start.to_numpy().view(np.int64))
+    assert np.array_equal(wall.start_date, local_start.to_numpy("datetime64[D]").astype(np.int64))
+    assert np.array_equal(wall.end_date, local_end.to_numpy("datetime64[D]").astype(np.int64))
+    assert np.array_equal(wall.start_min, local_start.dt.hour * 60 + local_start.dt.minute)
+    end_min = local_end.dt.hour * 60 + local_end.dt.minute
+    assert np.array_equal(wall.end_min, end_min.where(end_min != 0, 1440))
+    assert np.array_equal(wall.weekday, local_start.dt.weekday)
+    assert np.array_equal(wall.duration, ((end - start).dt.total_seconds() // 60).astype(np.int64))
