@@ -9,7 +9,6 @@ wall-clock time in the input's zone.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -17,10 +16,8 @@ import pandas as pd
 import pyarrow as pa
 
 from nextloc.geolife import POSITIONFIXES_SCHEMA, IngestIssue, IngestReport
+from nextloc.inputs import InputSpec
 from nextloc.visits import COORDINATE_BOUNDS, short_text
-
-if TYPE_CHECKING:  # nextloc.inputs imports this module's readers
-    from nextloc.inputs import InputSpec
 
 
 def list_gpx_users(raw_dir: Path) -> tuple[list[tuple[int, Path]], IngestReport]:
@@ -61,8 +58,6 @@ def read_gpx_user(
     """
     import gpxpy
     import gpxpy.gpx
-
-    from nextloc.inputs import InputSpec
 
     spec = spec or InputSpec(format="gpx")
     report = IngestReport()

@@ -1,7 +1,7 @@
 """Inputs beside GeoLife: what to read (:class:`InputSpec`, the input files) and the readers of each format.
 
 The readers live with their format (:mod:`nextloc.tabular` for CSV and parquet, :mod:`nextloc.gpx`) and
-are importable from here, the one place preprocessing reads inputs through.
+take an :class:`InputSpec` from here: this module imports none of them.
 
 Every reader follows the GeoLife reader's rules (:mod:`nextloc.geolife`): a bad row is reported with its
 file and row and skipped, the good rows around it are kept with their exact values, a bad file costs that
@@ -31,36 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nextloc.config import known_timezone
-from nextloc.gpx import list_gpx_files, list_gpx_users, read_gpx_user
-from nextloc.tabular import (
-    iter_positionfix_batches,
-    read_positionfix_files,
-    read_spilled,
-    read_visit_files,
-    spill_by_user,
-    split_by_user,
-)
 from nextloc.visits import POSITIONFIX_COLUMNS, VISIT_COLUMNS
-
-# The readers are importable from here, the one place preprocessing reads inputs through
-# (tasks/preprocess.py).
-__all__ = [
-    "INPUT_FORMATS",
-    "VISIT_FORMATS",
-    "InputFormat",
-    "InputSpec",
-    "iter_positionfix_batches",
-    "list_gpx_files",
-    "list_gpx_users",
-    "list_input_files",
-    "parse_columns",
-    "read_gpx_user",
-    "read_positionfix_files",
-    "read_spilled",
-    "read_visit_files",
-    "spill_by_user",
-    "split_by_user",
-]
 
 InputFormat = Literal["geolife", "csv", "parquet", "gpx", "visits", "trackintel"]
 INPUT_FORMATS: tuple[str, ...] = ("geolife", "csv", "parquet", "gpx", "visits", "trackintel")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -26,6 +25,7 @@ import pyarrow.ipc  # noqa: F401  (pa.ipc)
 import pyarrow.parquet as pq
 
 from nextloc.geolife import POSITIONFIXES_SCHEMA, IngestIssue, IngestReport
+from nextloc.inputs import InputSpec
 from nextloc.visits import (
     COORDINATE_BOUNDS,
     POSITIONFIX_COLUMNS,
@@ -36,9 +36,6 @@ from nextloc.visits import (
     parse_times,
     short_text,
 )
-
-if TYPE_CHECKING:  # nextloc.inputs imports this module's readers
-    from nextloc.inputs import InputSpec
 
 # trackintel staypoints (its CSV writer's WKT, or GeoParquet's WKB): the point is the ``geom`` column
 TRACKINTEL_COLUMNS = ("user_id", "started_at", "finished_at", "geom")

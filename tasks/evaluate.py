@@ -18,7 +18,7 @@ from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
 from nextloc.visits import parse_time, validate_visits
 from tasks import versions
 from tasks.catalog import Catalog
-from tasks.store import default_tracking_uri
+from tasks.store import REGISTERED_PREFIX, default_tracking_uri
 
 if TYPE_CHECKING:
     from nextloc.evaluate import ScoreFn
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 def model_uri(kind: str, alias: str) -> str:
     """``models:/nextloc-<kind>@<alias>``, or ``/<version>`` when ``alias`` is a number."""
-    name = f"{versions.REGISTERED_PREFIX}{kind}"
+    name = f"{REGISTERED_PREFIX}{kind}"
     return f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
 
 

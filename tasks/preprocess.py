@@ -25,21 +25,18 @@ from nextloc.duplicates import STAYPOINT_COLUMNS as DUPLICATE_COLUMNS
 from nextloc.duplicates import SharedFiles, describe_pairs, duplicate_report, shared_files
 from nextloc.fingerprint import combine, hash_file_groups_memo, hash_files_memo
 from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
-from nextloc.inputs import (
-    InputSpec,
+from nextloc.gpx import list_gpx_files, list_gpx_users, read_gpx_user
+from nextloc.inputs import InputSpec, list_input_files
+from nextloc.sequences import SPLITS
+from nextloc.staypoints import STAYPOINT_COLUMNS, generate_staypoints
+from nextloc.storage import read_parquet, write_geoparquet, write_json, write_parquet
+from nextloc.tabular import (
     iter_positionfix_batches,
-    list_gpx_files,
-    list_gpx_users,
-    list_input_files,
-    read_gpx_user,
     read_spilled,
     read_visit_files,
     spill_by_user,
     split_by_user,
 )
-from nextloc.sequences import SPLITS
-from nextloc.staypoints import STAYPOINT_COLUMNS, generate_staypoints
-from nextloc.storage import read_parquet, write_geoparquet, write_json, write_parquet
 from nextloc.vocabulary import location_vocabulary, user_vocabulary
 from tasks.caching import CACHE_POLICY, Artifact
 from tasks.catalog import Catalog

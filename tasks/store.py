@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+REGISTERED_PREFIX = "nextloc-"  # one registered model per kind: tasks.tracking.registered_name
+
 
 def default_tracking_uri(root: Path | None = None) -> str:
     """``$NEXTLOC_TRACKING_URI`` (set by ``make services`` for its flow runs), else

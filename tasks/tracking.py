@@ -25,8 +25,7 @@ import pandas as pd
 from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.metrics import HEADLINE
 from tasks.locking import registry_lock
-from tasks.store import default_tracking_uri
-from tasks.versions import REGISTERED_PREFIX
+from tasks.store import REGISTERED_PREFIX, default_tracking_uri
 
 logger = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from nextloc.metrics import HEADLINE
+from tasks.store import REGISTERED_PREFIX
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 # MLflow (about 2 s to import, its SQL store 2 s more) is imported where it is called: `nextloc predict`
 # reads a SQLite registry without it (local_bundle)
 CHAMPION = "champion"
-REGISTERED_PREFIX = "nextloc-"  # tasks.tracking.registered_name
 
 
 def local_bundle(kind: str, alias: str, tracking_uri: str) -> Path | None:

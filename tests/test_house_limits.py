@@ -54,3 +54,50 @@ def test_the_library_imports_neither_prefect_nor_mlflow() -> None:
         if re.search(r"^\s*(import|from) (prefect|mlflow)\b", p.read_text(), re.M)
     ]
     assert not offenders
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the project's modules it imports, anywhere in the file (inside functions and under
+    ``TYPE_CHECKING`` too: a lazy import is still a dependency)."""
+    names = {_module_name(p): p for p in _modules()}
+
+    def project_module(dotted: str) -> str | None:
+        while dotted and dotted not in names:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {m for t in targets if (m := project_module(t)) and m != name}
+    return graph
+
+
+def _cycle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """A path of imports from ``start`` back to ``start``, if there is one (depth first)."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in sorted(graph[node]):
+            if nxt == start:
+                return [*path, start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*path, nxt]))
+    return None
+
+
+def test_no_import_cycles_lazy_imports_included() -> None:
+    graph = _import_graph()
+    cycles = {" -> ".join(c) for name in graph if (c := _cycle_from(name, graph))}
+    assert not cycles, sorted(cycles)
