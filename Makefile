@@ -56,14 +56,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 
-# The raw data is unpacked while the install runs (python -m nextloc.rawdata needs only the standard
+# The raw data is unpacked while the install runs (python -m nextloc.raw.rawdata needs only the standard
 # library; it never downloads and always exits 0: the job finds, fetches or reports the data itself).
 run:  ## preprocess GeoLife (found via $$NEXTLOC_GEOLIFE_DIR, data/raw/geolife, a local archive, or downloaded)
 	@$(MAKE) --no-print-directory -j3 install raw-data
 	$(BIN)/nextloc run
 
 raw-data:  ## unpack a local GeoLife archive into data/raw/geolife, if the job would (no download)
-	$(PYTHON) -m nextloc.rawdata
+	$(PYTHON) -m nextloc.raw.rawdata
 
 # Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on a server, a subprocess
 # or the disk, so two keep both cores busy. TEST_WORKERS=0 runs the suite in this one process.

@@ -26,9 +26,9 @@ import numpy as np
 import pandas as pd
 
 from nextloc.config import PreprocessConfig
-from nextloc.leaderboard import summarise
-from nextloc.metrics import RESULT_KEYS
-from nextloc.routine import Routine, VisitLog, queries_for_targets
+from nextloc.evaluation.leaderboard import summarise
+from nextloc.evaluation.metrics import RESULT_KEYS
+from nextloc.routine.features import Routine, VisitLog, queries_for_targets
 
 GROUPS = ("window", "past", "unvisited", "new")
 

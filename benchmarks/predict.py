@@ -220,9 +220,9 @@ def main() -> None:
     visits.to_parquet(args.out, index=False)
     report = {"histories": args.n, "visits": len(visits), "file": str(args.out)}
     if not args.write_only:
-        from nextloc.histories import encode_visits
-        from nextloc.history_reader import read_history
-        from nextloc.predict import predict
+        from nextloc.predict.answer import predict
+        from nextloc.predict.histories import encode_visits
+        from nextloc.predict.history_reader import read_history
         from tasks.evaluate import load_registered
 
         t0 = time.perf_counter()

@@ -172,7 +172,7 @@ def _measure(cmd: list[str], env: dict[str, str], cwd: Path = REPO) -> dict:
 
 def _unpack(work_dir: Path) -> Path:
     sys.path.insert(0, str(REPO))
-    from nextloc.rawdata import extract_archive
+    from nextloc.raw.rawdata import extract_archive
 
     raw = work_dir / "raw"
     if not (raw / "Data").is_dir():

@@ -9,7 +9,7 @@ tensors in ``__getitem__``, a ``pad_sequence`` collate, torch's default thread c
 computed on every training batch with a ``topk`` and a full ``argsort`` over all locations. It trains the
 same model class with the same recipe, so the ratio isolates the training machinery. ``nextloc`` is the
 default trainer with each kind's recipe (one intra-op thread, everything on the training thread, see
-``nextloc.train``). The LSTM's reference-style loop trains nextloc's LSTM, one fused call over the padded
+``nextloc.training.train``). The LSTM's reference-style loop trains nextloc's LSTM, one fused call over the padded
 batch (the conservative ratio: faster than the reference's packed loop); ``reference_style_packed`` is the
 reference's own packed LSTM.
 Both processes have the same 2 cores. Prints JSON.
@@ -154,12 +154,12 @@ def _subprocess(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) ->
 def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
     import torch
 
-    from nextloc.data import SampleTensors
-    from nextloc.evaluate import model_scores, score_split
+    from nextloc.evaluation.evaluate import model_scores, score_split
     from nextloc.models import build_model, count_parameters
     from nextloc.models.registry import kind as kind_entry
     from nextloc.models.registry import training_recipe
-    from nextloc.train import fit_model
+    from nextloc.training.data import SampleTensors
+    from nextloc.training.train import fit_model
 
     meta = json.loads((data_dir / "metadata.json").read_text())
     overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
@@ -229,8 +229,8 @@ def _reference_loop(model, kind: str, data_dir: Path, seed: int, epochs: int) ->
     from torch.nn.utils.rnn import pad_sequence
     from torch.utils.data import DataLoader, Dataset
 
-    from nextloc.data import Batch
     from nextloc.models.registry import training_recipe
+    from nextloc.training.data import Batch
 
     class Samples(Dataset):
         def __init__(self, path: Path) -> None:

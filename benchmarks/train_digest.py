@@ -2,7 +2,7 @@
 
     python benchmarks/train_digest.py > benchmarks/results/train-digest-<when>.json
 
-trains tiny models with :func:`nextloc.train.fit_model` (one intra-op thread, CPU) on small synthetic
+trains tiny models with :func:`nextloc.training.train.fit_model` (one intra-op thread, CPU) on small synthetic
 samples (a user cycles through the locations; the same samples on every machine) for a few epochs with each
 recipe, and prints JSON: per setup the sha256 of the final weights (state-dict tensors' bytes, keys sorted),
 the best epoch, the epoch count and the history, with the CPU capability torch ran on
@@ -91,11 +91,11 @@ def run_setup(name: str) -> dict[str, Any]:
     """Train setup ``name`` from scratch (model seed 0) and describe its result."""
     import torch
 
-    from nextloc.data import SampleTensors
     from nextloc.models import build_model
     from nextloc.models.registry import kind as kind_entry
     from nextloc.models.registry import training_recipe
-    from nextloc.train import fit_model
+    from nextloc.training.data import SampleTensors
+    from nextloc.training.train import fit_model
 
     kind, overrides = SETUPS[name]
     torch.set_num_threads(1)

@@ -195,7 +195,7 @@ def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, d
     model_set, train_set = _kv(args.model_set), _kv(args.train_set)
     if model_set or train_set:  # what the trainings would reject, before the API starts
         from nextloc.models.registry import neural_kinds
-        from nextloc.overrides import check_kind_overrides
+        from nextloc.training.overrides import check_kind_overrides
 
         for kind in models:
             if kind in neural_kinds():
@@ -339,13 +339,13 @@ def _cell(value: Any) -> str:
 
 
 def _print_leaderboard(board: dict[str, Any], caption: str) -> None:
-    from nextloc.leaderboard import build_leaderboard, print_terminal
+    from nextloc.evaluation.leaderboard import build_leaderboard, print_terminal
 
     print_terminal(build_leaderboard(board), caption)
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
-    from nextloc.inputs import parse_columns
+    from nextloc.io.inputs import parse_columns
     from nextloc.synth import SynthConfig, generate
 
     counts = generate(
@@ -360,7 +360,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from nextloc.trackintel_io import export_trackintel
+    from nextloc.io.trackintel_io import export_trackintel
     from tasks.catalog import Catalog
 
     catalog = Catalog(args.data_dir)
@@ -376,7 +376,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    from nextloc.download import GEOLIFE_URL, fetch_geolife
+    from nextloc.raw.download import GEOLIFE_URL, fetch_geolife
 
     path = fetch_geolife(Path(args.dest), url=args.url or GEOLIFE_URL, expected_sha256=args.sha256)
     log.info("GeoLife data ready at %s", path)
@@ -458,7 +458,7 @@ def _print_summary(result: dict[str, Any]) -> None:
     )
     duplicates = result["ingest"].get("duplicates")
     if duplicates and duplicates["pairs"]:
-        from nextloc.duplicates import describe_pairs
+        from nextloc.raw.duplicates import describe_pairs
 
         console.print(
             f"users sharing recordings: {describe_pairs(duplicates, 5)} | {duplicates['copied_test_samples']} of "

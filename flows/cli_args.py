@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from nextloc.config import PreprocessConfig, flatten, load_config
-from nextloc.inputs import INPUT_FORMATS
-from nextloc.rawdata import DEFAULT_RAW_DIR
+from nextloc.io.inputs import INPUT_FORMATS
+from nextloc.io.trackintel_io import TRACKINTEL_FORMATS
+from nextloc.raw.rawdata import DEFAULT_RAW_DIR
 from nextloc.synth import SYNTH_FORMATS
-from nextloc.trackintel_io import TRACKINTEL_FORMATS
 from services.layout import WORK_POOL
 
 DEFAULT_DATA_DIR = "data/geolife"
@@ -289,7 +289,7 @@ def _add_input_options(parser: argparse.ArgumentParser) -> None:
 
 def input_options(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
     """The input options given on the command line (``None`` where not given)."""
-    from nextloc.inputs import parse_columns
+    from nextloc.io.inputs import parse_columns
 
     return {
         "raw_dir": args.raw_dir,

@@ -39,10 +39,10 @@ from nextloc.config import (
     SplitConfig,
     StaypointConfig,
 )
-from nextloc.inputs import InputFormat
+from nextloc.io.inputs import InputFormat
 from nextloc.models.registry import neural_kinds
-from nextloc.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from nextloc.profiles import DatasetProfile
+from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from tasks import tracking
 from tasks.locking import data_dir_lock
 from tasks.pipeline import publish_summary, resolve_raw_dir
@@ -101,7 +101,7 @@ def preprocess_train(
     Parameters are typed and validated (by pydantic, through Prefect) before any work starts. The config
     sections (``staypoints``, ``locations``, ...) take partial JSON: ``--param locations='{"epsilon_m": 50}'``
     sets one key and keeps the other defaults; ``model_overrides`` / ``train_overrides`` set keys of a neural
-    kind's model config and training recipe (``{"mhsa": {"max_epochs": 2}}``, :mod:`nextloc.overrides`).
+    kind's model config and training recipe (``{"mhsa": {"max_epochs": 2}}``, :mod:`nextloc.training.overrides`).
     """
     per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)  # before any work
     sections = {"staypoints": staypoints, "quality": quality, "locations": locations, "split": split}

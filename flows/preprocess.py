@@ -15,7 +15,7 @@ from pydantic import Field
 
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
-from nextloc.inputs import VISIT_FORMATS, InputFormat, InputSpec
+from nextloc.io.inputs import VISIT_FORMATS, InputFormat, InputSpec
 from tasks.caching import Then, cached_batch, call_cached, current_result
 from tasks.catalog import Catalog
 from tasks.locking import data_dir_lock

@@ -9,11 +9,11 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import Field
 
+from nextloc.evaluation.leaderboard import leaderboard
+from nextloc.evaluation.metrics import HEADLINE
 from nextloc.fingerprint import hash_file
-from nextloc.leaderboard import leaderboard
-from nextloc.metrics import HEADLINE
-from nextloc.overrides import ModelOverrides, TrainOverrides, resolve_overrides
-from nextloc.sequences import SPLITS
+from nextloc.preprocessing.sequences import SPLITS
+from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from tasks import tracking
 from tasks.caching import Artifact, current_result
 from tasks.catalog import Catalog, require_preprocessed
@@ -66,7 +66,7 @@ def train(
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=training_runner(n))`` runs ``n`` at once;
     separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
-    these small models train about twice as fast that way. Overrides (:mod:`nextloc.overrides`) are
+    these small models train about twice as fast that way. Overrides (:mod:`nextloc.training.overrides`) are
     checked before any work.
     """
     per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)

@@ -5,7 +5,7 @@ the destination folder (``.<name>.<random>.tmp``, same file system, so ``os.repl
 it to disk and renames it over the destination; on any error the temporary file is removed.
 :func:`remove_stale_temp_files` knows the same naming, to clean up after writers that were killed.
 
-Standard library only: ``python -m nextloc.rawdata`` and :mod:`nextloc.download` must run before the
+Standard library only: ``python -m nextloc.raw.rawdata`` and :mod:`nextloc.raw.download` must run before the
 environment is installed. :mod:`nextloc.storage` (the parquet/JSON writers) re-exports both names.
 """
 

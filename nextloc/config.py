@@ -8,7 +8,7 @@ quirks included; each quirk has a switch so the corrected protocol can be run to
 * ``locations.coordinate_order``: trackintel feeds ``[lon, lat]`` to sklearn's haversine metric, which
   expects ``[lat, lon]``; ``"lat_lon"`` gives a true ``epsilon_m`` radius.
 * ``duplicates.drop_shared_files``: GeoLife holds some trajectory files under two users; the reference
-  reads both copies, ``true`` reads one (:mod:`nextloc.duplicates`).
+  reads both copies, ``true`` reads one (:mod:`nextloc.raw.duplicates`).
 
 Every model is ``frozen`` and ``extra="forbid"``: an unknown key or a wrong type is rejected before any
 work starts, and the error names the key. Numbers must be finite, and a boolean is not a number (so
@@ -140,7 +140,7 @@ class SampleConfig(_Frozen):
 
 
 class DuplicateConfig(_Frozen):
-    """Recordings held under several users (:mod:`nextloc.duplicates`); they are always reported."""
+    """Recordings held under several users (:mod:`nextloc.raw.duplicates`); they are always reported."""
 
     drop_shared_files: bool = Field(
         False,

@@ -1,5 +1,5 @@
-"""A list column of a samples table as a right-padded array (numpy and pyarrow only: nextloc.data, which
-imports torch, and nextloc.histories, which answers without it, both use it)."""
+"""A list column of a samples table as a right-padded array (numpy and pyarrow only: nextloc.training.data, which
+imports torch, and nextloc.predict.histories, which answers without it, both use it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Dataset profiles: ``configs/datasets/<name>.yaml`` names the input, the protocol and the model presets.
 
-A profile has four sections: ``input`` (an :class:`~nextloc.inputs.InputSpec` plus ``raw_dir``),
+A profile has four sections: ``input`` (an :class:`~nextloc.io.inputs.InputSpec` plus ``raw_dir``),
 ``preprocess`` (partial :class:`~nextloc.config.PreprocessConfig`: only the keys that differ from the
 reference GeoLife protocol), ``models`` and ``train`` (per model kind, config and training overrides).
 Its outputs go under ``data/<name>/``. Unknown keys are rejected, naming the key.
@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from nextloc.config import PreprocessConfig, flatten, flatten_keys, load_config, read_config_file
-from nextloc.inputs import InputSpec
+from nextloc.io.inputs import InputSpec
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "configs" / "datasets"
 PROFILE_DIR_ENV = "NEXTLOC_DATASETS_DIR"

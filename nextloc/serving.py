@@ -1,8 +1,8 @@
 """The registered models' format: packed histories in, probabilities out; weights and config as plain data.
 
 Registries want one array in and one array out. A history is packed into an int64 array ``(B, T, 6)``
-with the columns :data:`PACKED_FEATURES`, right-padded with 0; :class:`~nextloc.packed.PackedScorer` turns
-it into ``(B, total_loc_num)`` probabilities (a routine kind answers visits instead: :mod:`nextloc.ranking`).
+with the columns :data:`PACKED_FEATURES`, right-padded with 0; :class:`~nextloc.predict.packed.PackedScorer` turns
+it into ``(B, total_loc_num)`` probabilities (a routine kind answers visits instead: :mod:`nextloc.routine.ranking`).
 
 A trained model is stored as a *bundle*, a folder that can be read without trusting its author (nothing
 pickled, no code): ``bundle.json`` (the model kind and config, the dataset's full preprocessing config, the
@@ -23,23 +23,23 @@ import numpy as np
 import pandas as pd
 
 from nextloc.config import PreprocessConfig
-from nextloc.novelty import NewPlaceHead
-from nextloc.ranking import ROUTINE_KINDS, CandidateScorer, RoutineAnswerer, scorer_from_state
-from nextloc.routine_profile import StoredProfile
+from nextloc.preprocessing.vocabulary import place_centres, place_popularity
+from nextloc.routine.novelty import NewPlaceHead
+from nextloc.routine.profile import StoredProfile
+from nextloc.routine.ranking import ROUTINE_KINDS, CandidateScorer, RoutineAnswerer, scorer_from_state
 from nextloc.storage import write_json, write_parquet, write_with
-from nextloc.vocabulary import place_centres, place_popularity
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from nextloc.packed import PackedScorer
+    from nextloc.predict.packed import PackedScorer
 
 PACKED_FEATURES = ("location", "start_min", "weekday", "duration_min", "diff_days", "user")
 BUNDLE_FORMAT = 1
 BUNDLE_FILE = "bundle.json"
 WEIGHTS_FILE = "weights.safetensors"
 RANKER_FILE = "ranker.txt"  # a routine ranker's trees, LightGBM's own text format
-PROFILE_FILE = "profile.parquet"  # a routine kind's users' profile: counts per key (nextloc.routine)
+PROFILE_FILE = "profile.parquet"  # a routine kind's users' profile: counts per key (nextloc.routine.features)
 VOCABULARY_DIR = "vocabulary"
 BUNDLE_ARTIFACT = "bundle"  # the bundle's name among a registered model's artifacts
 DEFAULT_MATCH_RADIUS_M = 50.0
@@ -147,14 +147,14 @@ def save_bundle(
     Args:
         folder: the bundle folder (created).
         kind: the model kind.
-        model: a neural model (with a ``config`` dataclass), a :class:`~nextloc.baselines.BaselineModule`
-            or a routine kind's scorer (:mod:`nextloc.ranking`).
+        model: a neural model (with a ``config`` dataclass), a :class:`~nextloc.models.baselines.BaselineModule`
+            or a routine kind's scorer (:mod:`nextloc.routine.ranking`).
         preprocess: the dataset's preprocessing config.
         head: the model's new-place head.
         locations: the dataset's location vocabulary.
         users: the dataset's user vocabulary.
         match_radius_m: the radius used to map a visit to a known location.
-        profile: a routine kind's users' profile (:meth:`nextloc.routine.Routine.profile`).
+        profile: a routine kind's users' profile (:meth:`nextloc.routine.features.Routine.profile`).
 
     Returns:
         ``folder``.
@@ -164,7 +164,7 @@ def save_bundle(
     if kind in ROUTINE_KINDS:
         spec = _save_routine(folder, kind, model, profile, locations)
     else:
-        from nextloc.packed import save_network  # torch: networks and baselines only
+        from nextloc.predict.packed import save_network  # torch: networks and baselines only
 
         spec = save_network(folder / WEIGHTS_FILE, kind, model)
     write_json(
@@ -250,17 +250,7 @@ def load_bundle(folder: Path) -> ModelBundle:
     if model_spec["family"] == "routine":
         routine = _load_routine(folder, kind, model_spec, preprocess, vocab["locations"])
         return ModelBundle(scorer=None, routine=routine, **common)
-    from nextloc.packed import load_network  # torch: networks and baselines only
+    from nextloc.predict.packed import load_network  # torch: networks and baselines only
 
     scorer = load_network(weights, kind, model_spec, preprocess.samples.duration_cap_min, spec_path)
     return ModelBundle(scorer=scorer, **common)
-
-
-def __getattr__(name: str) -> Any:
-    """:class:`~nextloc.packed.PackedScorer` and :func:`~nextloc.packed.packed_batch`, still importable from
-    here (they moved to :mod:`nextloc.packed` so that a routine kind's answer imports no torch)."""
-    if name in ("PackedScorer", "packed_batch"):
-        from nextloc import packed
-
-        return getattr(packed, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from nextloc.atomic import atomic_path, remove_stale_temp_files
 from nextloc.fingerprint import hash_bytes, hash_file
-from nextloc.geoparquet import geometry_columns, with_point_geometry
+from nextloc.io.geoparquet import geometry_columns, with_point_geometry
 
 __all__ = [
     "PARQUET_OPTIONS",
@@ -61,7 +61,7 @@ def write_parquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
 
 def write_geoparquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
     """Write a table with ``latitude`` / ``longitude`` columns as GeoParquet (a WKB point ``geometry``
-    column and the ``geo`` metadata: :mod:`nextloc.geoparquet`) atomically; returns the fingerprint."""
+    column and the ``geo`` metadata: :mod:`nextloc.io.geoparquet`) atomically; returns the fingerprint."""
     return _write_table(with_point_geometry(_as_table(data)), path)
 
 

@@ -29,8 +29,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nextloc.geolife import POSITIONFIXES_SCHEMA
-from nextloc.visits import VISITS_SCHEMA
+from nextloc.io.geolife import POSITIONFIXES_SCHEMA
+from nextloc.io.visits import VISITS_SCHEMA
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from nextloc.sequences import SPLITS
+from nextloc.preprocessing.sequences import SPLITS
 
 _CACHE = ("_cache", "results")  # where the task results of a data directory are, under it
 

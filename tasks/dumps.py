@@ -16,7 +16,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from nextloc.dumps import (
+from nextloc.raw.dumps import (
     DEFAULT_MAX_BAD_ROW_SHARE,
     DumpRejected,
     apply_merge,
@@ -62,7 +62,7 @@ def merge_new_dumps(
     """Merge every new dump in ``incoming_dir`` into ``raw_dir``; returns what happened to each.
 
     A dump with a file that has no valid row, or more than ``max_bad_row_share`` of its rows bad, is
-    quarantined whole (see :func:`nextloc.dumps.plan_merge`).
+    quarantined whole (see :func:`nextloc.raw.dumps.plan_merge`).
 
     Returns:
         ``{"dumps": [manifest entries of this run], "users": [users with new files], "files_new": n}``.

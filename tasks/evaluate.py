@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from nextloc.histories import encode_visits, history_visits, to_histories
-from nextloc.history_reader import read_history
-from nextloc.predict import predict
-from nextloc.ranking import RoutineData
+from nextloc.io.visits import parse_time, validate_visits
+from nextloc.predict.answer import predict
+from nextloc.predict.histories import encode_visits, history_visits, to_histories
+from nextloc.predict.history_reader import read_history
+from nextloc.routine.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
-from nextloc.visits import parse_time, validate_visits
 from tasks import versions
 from tasks.catalog import Catalog
 from tasks.store import REGISTERED_PREFIX, default_tracking_uri
 
 if TYPE_CHECKING:
-    from nextloc.evaluate import ScoreFn
+    from nextloc.evaluation.evaluate import ScoreFn
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +66,10 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
     """A registered model's log-probabilities for the samples of one split of a dataset in the model's ids,
     and (routine kinds) their explore features. A routine kind reads the dataset's staypoints: every
     question's whole past."""
-    import torch  # torch, nextloc.data, nextloc.evaluate: evaluating, not answering
+    import torch  # torch, nextloc.training.data, nextloc.evaluation.evaluate: evaluating, not answering
 
-    from nextloc.data import SampleTensors
-    from nextloc.evaluate import pack_batch
+    from nextloc.evaluation.evaluate import pack_batch
+    from nextloc.training.data import SampleTensors
 
     if bundle.routine is None:
         return lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), None
@@ -91,9 +91,9 @@ def evaluate_registered(
 ) -> dict[str, Any]:
     """Metrics of a registered model on one split of a preprocessed dataset (place metrics first; P(new place)
     from the model's own new-place head, fit on validation when it was trained)."""
-    from nextloc.data import SampleTensors  # torch: evaluating, not answering
-    from nextloc.duplicates import copied_samples
-    from nextloc.evaluate import score_split, without_copies
+    from nextloc.evaluation.evaluate import score_split, without_copies
+    from nextloc.raw.duplicates import copied_samples
+    from nextloc.training.data import SampleTensors  # torch: evaluating, not answering
 
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
@@ -122,15 +122,15 @@ def predict_registered(
     map_path: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Answers of a registered model for a history file (visits, positionfixes, samples) or JSON text:
-    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict`); with ``map_path``, the
-    first answers drawn on a map there (:func:`nextloc.maps.draw_predictions`)."""
+    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict.answer`); with ``map_path``, the
+    first answers drawn on a map there (:func:`nextloc.predict.maps.draw_predictions`)."""
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     raw = read_history(history, bundle.preprocess, user_id)
     stamp = parse_time(at, "--at", "at") if at else None
     histories = to_histories(raw, bundle, stamp)
     answers = predict(bundle, histories, k, progress=progress)
     if map_path is not None:
-        from nextloc.maps import draw_predictions  # matplotlib: only with a map
+        from nextloc.predict.maps import draw_predictions  # matplotlib: only with a map
 
         drawn = draw_predictions(histories, answers, bundle.locations, Path(map_path))
         logger.info("map of the first %d of %d answers: %s", len(drawn.panels), len(answers), drawn.path)
@@ -150,7 +150,7 @@ def champion_maps(
     k: int = 5,
 ) -> list[str]:
     """Draw a champion's answers for the :data:`MAP_USERS` test users with the most test samples (each asked
-    at their last test target, the place they really went drawn as well: :func:`nextloc.maps.map_questions`)
+    at their last test target, the place they really went drawn as well: :func:`nextloc.predict.maps.map_questions`)
     and log them to the run that trained it as ``maps/<user_id>.png``.
 
     Logged when the alias moves (:mod:`tasks.promotion`), so every champion has them; a version that never
@@ -159,7 +159,7 @@ def champion_maps(
     Returns:
         the artifact paths logged.
     """
-    from nextloc.maps import draw_answer, map_questions  # matplotlib: only drawing
+    from nextloc.predict.maps import draw_answer, map_questions  # matplotlib: only drawing
     from tasks import tracking
 
     bundle = load_registered(kind, version, tracking_uri, experiment)
@@ -190,9 +190,9 @@ def champion_maps(
 def leaderboard_from_mlflow(
     tracking_uri: str | None, experiment: str, latest_data_only: bool = True
 ) -> tuple[dict, str]:
-    """Mean +- std over seeds of every test metric (:data:`nextloc.metrics.RESULT_KEYS`) of every model run."""
-    from nextloc.leaderboard import summarise
-    from nextloc.metrics import RESULT_KEYS
+    """Mean +- std over seeds of every test metric (:data:`nextloc.evaluation.metrics.RESULT_KEYS`) of every model run."""
+    from nextloc.evaluation.leaderboard import summarise
+    from nextloc.evaluation.metrics import RESULT_KEYS
     from tasks import tracking
 
     tracking.configure(tracking_uri, experiment)

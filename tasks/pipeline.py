@@ -10,15 +10,15 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from nextloc.duplicates import describe_pairs
-from nextloc.leaderboard import (
+from nextloc.evaluation.leaderboard import (
     build_leaderboard,
     champions,
     summary_champions_markdown,
     summary_tables_markdown,
 )
-from nextloc.metrics import DEDUP_HEADLINE
-from nextloc.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
+from nextloc.evaluation.metrics import DEDUP_HEADLINE
+from nextloc.raw.duplicates import describe_pairs
+from nextloc.raw.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
 from tasks import tracking
 from tasks.catalog import Catalog
 

@@ -20,24 +20,24 @@ import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 
 from nextloc.config import PreprocessConfig, StaypointConfig
-from nextloc.dataset import build_dataset, locate_staypoints
-from nextloc.duplicates import STAYPOINT_COLUMNS as DUPLICATE_COLUMNS
-from nextloc.duplicates import SharedFiles, describe_pairs, duplicate_report, shared_files
 from nextloc.fingerprint import combine, hash_file_groups_memo, hash_files_memo
-from nextloc.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
-from nextloc.gpx import list_gpx_files, list_gpx_users, read_gpx_user
-from nextloc.inputs import InputSpec, list_input_files
-from nextloc.sequences import SPLITS
-from nextloc.staypoints import STAYPOINT_COLUMNS, generate_staypoints
-from nextloc.storage import read_parquet, write_geoparquet, write_json, write_parquet
-from nextloc.tabular import (
+from nextloc.io.geolife import IngestReport, list_plt_files, list_user_dirs, read_user
+from nextloc.io.gpx import list_gpx_files, list_gpx_users, read_gpx_user
+from nextloc.io.inputs import InputSpec, list_input_files
+from nextloc.io.tabular import (
     iter_positionfix_batches,
     read_spilled,
     read_visit_files,
     spill_by_user,
     split_by_user,
 )
-from nextloc.vocabulary import location_vocabulary, user_vocabulary
+from nextloc.preprocessing.dataset import build_dataset, locate_staypoints
+from nextloc.preprocessing.sequences import SPLITS
+from nextloc.preprocessing.staypoints import STAYPOINT_COLUMNS, generate_staypoints
+from nextloc.preprocessing.vocabulary import location_vocabulary, user_vocabulary
+from nextloc.raw.duplicates import STAYPOINT_COLUMNS as DUPLICATE_COLUMNS
+from nextloc.raw.duplicates import SharedFiles, describe_pairs, duplicate_report, shared_files
+from nextloc.storage import read_parquet, write_geoparquet, write_json, write_parquet
 from tasks.caching import CACHE_POLICY, Artifact
 from tasks.catalog import Catalog
 from tasks.runners import tile_map
@@ -123,7 +123,7 @@ def discover_raw_users(
     """List user folders (GeoLife ``Data/NNN`` or GPX ``NNN/``) and fingerprint their files (hashes are
     memoised by size and mtime).
 
-    The same file hashes find the files several users hold (:func:`nextloc.duplicates.shared_files`): the
+    The same file hashes find the files several users hold (:func:`nextloc.raw.duplicates.shared_files`): the
     report gains ``shared_files``, and with ``drop_shared_files`` each copy is left out of its user
     (``RawUser.dropped``; the user's fingerprint is then that of the files it keeps).
     """
@@ -434,7 +434,7 @@ def write_ingest_report(discovery: dict, ingested: list[IngestResult], catalog: 
 def report_duplicates(
     summary: dict, discovery: dict, dataset: DatasetResult, config: PreprocessConfig, catalog: Catalog
 ) -> dict:
-    """Add the ``duplicates`` section (:func:`nextloc.duplicates.duplicate_report`) to the ingest report and
+    """Add the ``duplicates`` section (:func:`nextloc.raw.duplicates.duplicate_report`) to the ingest report and
     write ``ingest_report.json`` again; returns the summary with it.
 
     The report is written first by :func:`write_ingest_report` (so a dataset stage that fails still leaves

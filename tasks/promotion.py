@@ -4,10 +4,10 @@ The challenger is this run's model kind: its registered version is the seed best
 (``promote_metric``), and its evidence is every seed trained, averaged sample by sample on the test split.
 The champion is the version holding the ``champion`` alias, scored on the same test samples: a champion
 trained on this dataset reads them as they are; one trained on earlier data reads them translated into its
-own location and user ids (``nextloc.vocabulary``; locations it never saw are new to it, like any unseen
+own location and user ids (``nextloc.preprocessing.vocabulary``; locations it never saw are new to it, like any unseen
 test location). The alias moves only if the challenger is better by at least ``min_effect`` points of the
 decision metric (a place metric by default) *and* a paired bootstrap over the samples gives ``p < alpha``
-(:func:`nextloc.evaluate.champion_decision`). The test, the p-value, the per-user-group differences (users
+(:func:`nextloc.evaluation.evaluate.champion_decision`). The test, the p-value, the per-user-group differences (users
 whose data changed since the champion was trained, unchanged users, new users) and the decision are
 recorded on the MLflow parent run, the challenger's run and the challenger's registry version
 (:func:`tasks.versions.record_decision`). A new champion's run also gets its answers for a few test users
@@ -25,10 +25,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 
-from nextloc.champion import champion_decision
-from nextloc.leaderboard import decision_text
-from nextloc.metrics import PLACE_KEYS, REFERENCE_KEYS
-from nextloc.vocabulary import translate_samples, user_data_groups
+from nextloc.evaluation.champion import champion_decision
+from nextloc.evaluation.leaderboard import decision_text
+from nextloc.evaluation.metrics import PLACE_KEYS, REFERENCE_KEYS
+from nextloc.preprocessing.vocabulary import translate_samples, user_data_groups
 from tasks import tracking
 from tasks.caching import CACHE_POLICY, call_cached
 from tasks.catalog import Catalog
@@ -184,8 +184,8 @@ def score_champion(
     Cached on the version, its run, the samples' fingerprints, the metric, the radius and the code.
     """
     # torch: only when a champion is scored (a cached run reads the score back)
-    from nextloc.data import SampleTensors
-    from nextloc.evaluate import pack_batch, score_split
+    from nextloc.evaluation.evaluate import pack_batch, score_split
+    from nextloc.training.data import SampleTensors
     from tasks.evaluate import load_registered, registered_scores
 
     tags = tracking.run_tags(run_id)

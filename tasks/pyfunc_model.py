@@ -6,7 +6,7 @@ artifact, so nothing is pickled. ``mlflow models serve -m models:/nextloc-<kind>
 local`` answers ``POST /invocations`` with this model: the input is a DataFrame of visits (``user_id``,
 ``started_at``, ``finished_at``, ``latitude``, ``longitude``, optional ``history_id``; times ISO 8601, UTC
 without a zone), the params ``k`` (places per answer) and ``at`` (prediction time, default the end of each
-history's last visit), the output one answer per history (:func:`nextloc.predict.predict`).
+history's last visit), the output one answer per history (:func:`nextloc.predict.answer.predict`).
 
 It imports only MLflow and the ``nextloc`` library, so the serving process needs neither Prefect nor this
 repository's ``tasks`` package.
@@ -34,7 +34,7 @@ class NextPlaceModel(PythonModel):
         self.bundle = load_bundle(Path(context.artifacts[BUNDLE_ARTIFACT]))
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None):
-        from nextloc.predict import predict_visits
+        from nextloc.predict.answer import predict_visits
 
         params = params or {}
         try:

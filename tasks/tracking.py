@@ -22,8 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from nextloc.leaderboard import build_leaderboard, champions, decision_text, description_markdown
-from nextloc.metrics import HEADLINE
+from nextloc.evaluation.leaderboard import build_leaderboard, champions, decision_text, description_markdown
+from nextloc.evaluation.metrics import HEADLINE
 from tasks.locking import registry_lock
 from tasks.store import REGISTERED_PREFIX, default_tracking_uri
 

@@ -1,6 +1,6 @@
 """Prefect task: train (or fit) one model for one seed, evaluate its best checkpoint, record it in MLflow.
 
-The fitting itself is the library's (:mod:`nextloc.fit_kind`, which imports torch): the task imports it
+The fitting itself is the library's (:mod:`nextloc.training.fit_kind`, which imports torch): the task imports it
 only when it runs, so that importing this module (the flows, a cached run) imports no torch.
 """
 
@@ -19,10 +19,10 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from nextloc.config import PreprocessConfig
-from nextloc.duplicates import copied_samples
-from nextloc.metrics import RESULT_KEYS
+from nextloc.evaluation.metrics import RESULT_KEYS
 from nextloc.models import registry
-from nextloc.sequences import SPLITS
+from nextloc.preprocessing.sequences import SPLITS
+from nextloc.raw.duplicates import copied_samples
 from nextloc.storage import write_json, write_parquet, write_with
 from tasks import tracking, versions
 from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
@@ -31,8 +31,8 @@ from tasks.plots import plot_per_user, plot_training_curves
 from tasks.tracking import SELECTED_EPOCH, selected_name
 
 if TYPE_CHECKING:
-    from nextloc.evaluate import Evaluation
-    from nextloc.fit_kind import FittedKind
+    from nextloc.evaluation.evaluate import Evaluation
+    from nextloc.training.fit_kind import FittedKind
 
 ModelKind = Literal[registry.kinds()]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
 
@@ -195,7 +195,7 @@ def _log_bundle(kind: str, model, meta: dict, evaluation: Evaluation, catalog: C
     """Register the model as a bundle (weights, config, vocabulary, new-place head, a routine kind's users'
     profile; nothing pickled) with a pyfunc that answers visits; returns ``(model_uri, version, model_id)``."""
     # torch (both import it): only when a model trains and is registered
-    from nextloc.predict import example_visits
+    from nextloc.predict.answer import example_visits
     from nextloc.serving import save_bundle
 
     vocab = {

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-    from nextloc.data import SampleTensors
-    from nextloc.geolife import IngestReport
+    from nextloc.io.geolife import IngestReport
+    from nextloc.training.data import SampleTensors
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -65,7 +65,7 @@ def sample_reads(sample_dir) -> dict[int, tuple[pd.DataFrame, IngestReport]]:
 
     Parsed once per session; treat the frames as read-only (copy before changing them).
     """
-    from nextloc.geolife import list_plt_files, list_user_dirs, read_user
+    from nextloc.io.geolife import list_plt_files, list_user_dirs, read_user
 
     users, _ = list_user_dirs(sample_dir)
     out = {}
@@ -85,12 +85,12 @@ def sample_positionfixes(sample_reads) -> dict[int, pd.DataFrame]:
 def sample_staypoints(sample_positionfixes) -> tuple[pd.DataFrame, pd.DataFrame]:
     """All sample users' staypoints (sorted by user, start) and per-user tripleg extents, from nextloc alone.
 
-    ``(staypoints, tripleg_extents)`` from :func:`nextloc.staypoints.generate_staypoints` with its defaults;
+    ``(staypoints, tripleg_extents)`` from :func:`nextloc.preprocessing.staypoints.generate_staypoints` with its defaults;
     read-only.
     """
     import pandas as pd
 
-    from nextloc.staypoints import generate_staypoints
+    from nextloc.preprocessing.staypoints import generate_staypoints
 
     sps, extents = [], []
     for user_id, pfs in sample_positionfixes.items():
@@ -140,7 +140,7 @@ def build_samples_table(users: list[int], histories: list[list[int]], targets: l
 def make_samples() -> Callable[..., SampleTensors]:
     """Factory: ``make_samples(users=..., histories=..., targets=...)`` -> a small :class:`SampleTensors`
     split built by :func:`build_samples_table`."""
-    from nextloc.data import SampleTensors
+    from nextloc.training.data import SampleTensors
 
     def make(users: list[int], histories: list[list[int]], targets: list[int]) -> SampleTensors:
         return SampleTensors(build_samples_table(users, histories, targets))

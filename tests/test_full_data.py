@@ -10,7 +10,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from nextloc.rawdata import extract_archive
+from nextloc.raw.rawdata import extract_archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.fulldata, pytest.mark.usefixtures("prefect_api")]
 
@@ -89,8 +89,8 @@ def test_dbscan_by_tiles_gives_the_located_parquet_byte_for_byte(full_run, tmp_p
     import pandas as pd
 
     from nextloc.config import PreprocessConfig
-    from nextloc.locations import generate_locations
-    from nextloc.staypoints import STAYPOINT_COLUMNS, create_activity_flag
+    from nextloc.preprocessing.locations import generate_locations
+    from nextloc.preprocessing.staypoints import STAYPOINT_COLUMNS, create_activity_flag
     from nextloc.storage import write_geoparquet
     from tasks.catalog import Catalog
 

@@ -101,3 +101,38 @@ def test_no_import_cycles_lazy_imports_included() -> None:
     graph = _import_graph()
     cycles = {" -> ".join(c) for name in graph if (c := _cycle_from(name, graph))}
     assert not cycles, sorted(cycles)
+
+
+# stage -> the stages it must never import (nextloc/<stage>/): the pipeline's order, one way
+LAYERS = {
+    "nextloc.raw": ("nextloc.preprocessing", "nextloc.training", "nextloc.evaluation", "nextloc.predict"),
+    "nextloc.io": ("nextloc.training", "nextloc.evaluation", "nextloc.predict", "nextloc.routine"),
+    "nextloc.preprocessing": ("nextloc.training", "nextloc.evaluation", "nextloc.predict", "nextloc.routine"),
+}
+
+
+def test_stages_import_one_way() -> None:
+    graph = _import_graph()
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for stage, banned in LAYERS.items()
+        if module == stage or module.startswith(stage + ".")
+        for target in targets
+        if any(target == b or target.startswith(b + ".") for b in banned)
+    )
+    assert not wrong, wrong
+
+
+def test_the_library_tests_mirror_its_folders() -> None:
+    """``tests/nextloc/<stage>/`` for each stage folder of ``nextloc/`` that has tests; none for a folder that
+    does not exist."""
+    stages = {p.name for p in (REPO / "nextloc").iterdir() if (p / "__init__.py").is_file()}
+    folders = {
+        p.name for p in (REPO / "tests" / "nextloc").iterdir() if p.is_dir() and p.name != "__pycache__"
+    }
+    assert folders <= stages, sorted(folders - stages)
+    top = {p.stem for p in (REPO / "nextloc").glob("*.py")} - {"__init__"}
+    loose = {p.stem.removeprefix("test_") for p in (REPO / "tests" / "nextloc").glob("test_*.py")}
+    assert loose <= top | {"boundaries"}, sorted(loose - top)
+    assert len(top) <= 12, f"{len(top)} modules at nextloc's top: {sorted(top)}"

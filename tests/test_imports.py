@@ -14,8 +14,8 @@ def _imports_torch(modules: str) -> None:
 
 def test_the_registry_metrics_and_board_import_no_torch():
     _imports_torch(
-        "nextloc.models.registry, nextloc.models, nextloc.overrides, nextloc.metrics, nextloc.leaderboard, "
-        "nextloc.champion"
+        "nextloc.models.registry, nextloc.models, nextloc.training.overrides, nextloc.evaluation.metrics, nextloc.evaluation.leaderboard, "
+        "nextloc.evaluation.champion"
     )
 
 

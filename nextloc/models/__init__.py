@@ -1,6 +1,6 @@
 """Next-location models, built from their entries in the kind registry (:mod:`nextloc.models.registry`).
 
-Every model takes a frozen config dataclass, consumes a :class:`nextloc.data.Batch` and returns
+Every model takes a frozen config dataclass, consumes a :class:`nextloc.training.data.Batch` and returns
 ``(B, total_loc_num)`` scores over the whole location vocabulary (ids 0 and 1 included, nothing masked):
 logits or log-probabilities, as its entry's ``log_prob_output`` says.
 

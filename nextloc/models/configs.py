@@ -1,6 +1,6 @@
 """The networks' frozen config dataclasses, apart from the networks so that reading them needs no torch.
 
-The kind registry (:mod:`nextloc.models.registry`) and the typed overrides (:mod:`nextloc.overrides`) read
+The kind registry (:mod:`nextloc.models.registry`) and the typed overrides (:mod:`nextloc.training.overrides`) read
 these (their fields, presets and checks) in every flow; the networks themselves (:mod:`nextloc.models.mhsa`,
 :mod:`nextloc.models.lstm`, :mod:`nextloc.models.pointer`) take one and import torch.
 """

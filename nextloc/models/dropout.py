@@ -12,7 +12,7 @@ pointer training step; a NumPy PCG64 stream gives four 16-bit draws per 64-bit o
 that cost. An element is kept when its draw is below ``t = round((1 - p) * 65536)`` and kept elements are
 scaled by ``65536 / t``: the drop rate is ``p`` to within ``2**-17`` (0.1 -> 0.1000061) and the expected
 output is exactly the input. These are not ``F.dropout``'s masks, so it is a changed recipe, kept where its
-validation means matched the reference's (:mod:`nextloc.train`). The draws never touch torch's generators,
+validation means matched the reference's (:mod:`nextloc.training.train`). The draws never touch torch's generators,
 so they mix with a training step's other random draws (the pointer's unknown-place augmentation). The
 output is ``x * noise``, a mul as in ``F.dropout``, so the gradient is the noise.
 """

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nextloc.data import Batch
 from nextloc.models.configs import LSTMConfig
 from nextloc.models.embedding import ContextEmbedding, ResidualHead, last_valid
+from nextloc.training.data import Batch
 
 
 class LSTMModel(nn.Module):

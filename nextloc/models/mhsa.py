@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nextloc.data import Batch
 from nextloc.models.configs import MHSAConfig
 from nextloc.models.embedding import (
     ContextEmbedding,
@@ -21,6 +20,7 @@ from nextloc.models.embedding import (
     valid_mask,
     xavier_init,
 )
+from nextloc.training.data import Batch
 
 
 class MHSA(nn.Module):

@@ -1,8 +1,8 @@
 """The registry of model kinds: one frozen :class:`Kind` entry per kind, and nothing declared elsewhere.
 
 A kind's entry says everything the rest of nextloc asks about it: its family (``neural``: a network trained
-by :func:`nextloc.train.fit`; ``ensemble``: seeds of a neural member kind averaged; ``baseline``: counts
-fitted on train, :mod:`nextloc.baselines`; ``routine``: the user's routine ranked, :mod:`nextloc.ranking`),
+by :func:`nextloc.training.train.fit`; ``ensemble``: seeds of a neural member kind averaged; ``baseline``: counts
+fitted on train, :mod:`nextloc.models.baselines`; ``routine``: the user's routine ranked, :mod:`nextloc.routine.ranking`),
 its classes, presets, training recipe, output type and a one-line description. Every list of kinds (the
 flows' choices, the neural kinds the overrides may name, the help text) is derived from :data:`KINDS`.
 
@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from nextloc.models.configs import LSTMConfig, MHSAConfig, PointerConfig
-from nextloc.train_config import TrainConfig, explain
+from nextloc.training.train_config import TrainConfig, explain
 
 Family = Literal["neural", "ensemble", "baseline", "routine"]
 FAMILIES: tuple[Family, ...] = ("neural", "ensemble", "baseline", "routine")
@@ -42,7 +42,7 @@ class Kind:
         log_prob_output: whether the model's scores are log-probabilities (True) or logits (False).
         model: the model class as ``"module:Class"``, imported on first use (:attr:`model_class`). Neural: an
             ``nn.Module`` taking ``config``; ensemble: the module averaging the members; baseline: a class
-            with ``fit``/``scores``/``state``/``from_state``; routine: :mod:`nextloc.ranking`'s.
+            with ``fit``/``scores``/``state``/``from_state``; routine: :mod:`nextloc.routine.ranking`'s.
         config: neural: the frozen config dataclass ``model`` takes (:mod:`nextloc.models.configs`).
         presets: neural: config values that differ from ``config``'s defaults.
         recipe: neural: the training recipe (:func:`training_recipe` starts from it).
@@ -93,7 +93,7 @@ def _recipe(base: TrainConfig | None = None, **changes: Any) -> TrainConfig:
 
 
 # The reference recipes (reference-protocol.md section 2) with the batches and dropout draws chosen on
-# validation (nextloc.train's docstring has the numbers).
+# validation (nextloc.training.train's docstring has the numbers).
 MHSA_RECIPE = _recipe(recipe="mhsa", bucket=True, bucket_pool=8)
 LSTM_RECIPE = _recipe(recipe="mhsa", dropout_rng="pcg64")
 POINTER_RECIPE = _recipe(
@@ -206,35 +206,35 @@ _ENTRIES = (
         family="baseline",
         description="first-order Markov chain (per user, then global)",
         log_prob_output=False,
-        model="nextloc.baselines:MarkovBaseline",
+        model="nextloc.models.baselines:MarkovBaseline",
     ),
     Kind(
         name="most_frequent",
         family="baseline",
         description="the most visited place of the history",
         log_prob_output=False,
-        model="nextloc.baselines:MostFrequentBaseline",
+        model="nextloc.models.baselines:MostFrequentBaseline",
     ),
     Kind(
         name="last_location",
         family="baseline",
         description="the last place of the history",
         log_prob_output=False,
-        model="nextloc.baselines:LastLocationBaseline",
+        model="nextloc.models.baselines:LastLocationBaseline",
     ),
     Kind(
         name="routine",
         family="routine",
         description="weighted routine features (weights chosen on val)",
         log_prob_output=True,
-        model="nextloc.ranking:RoutineRule",
+        model="nextloc.routine.ranking:RoutineRule",
     ),
     Kind(
         name="ranker",
         family="routine",
         description="LightGBM LambdaRank over routine features",
         log_prob_output=True,
-        model="nextloc.ranking:RoutineRanker",
+        model="nextloc.routine.ranking:RoutineRanker",
     ),
 )
 
@@ -281,7 +281,7 @@ def training_recipe(name: str, /, **overrides: Any) -> TrainConfig:
 
     Raises:
         ValueError: an unknown kind, or an override :class:`TrainConfig` rejects; one line per problem,
-            naming the option and the values it allows (:func:`nextloc.train_config.explain`).
+            naming the option and the values it allows (:func:`nextloc.training.train_config.explain`).
     """
     try:
         return TrainConfig.model_validate({**recipe_of(name).model_dump(), **overrides})

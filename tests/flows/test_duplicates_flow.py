@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nextloc.config import PreprocessConfig
-from nextloc.geolife import list_plt_files
+from nextloc.io.geolife import list_plt_files
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -135,12 +135,12 @@ def test_outputs_are_byte_identical(runs, pair) -> None:
 def test_metrics_without_copies_leave_out_exactly_the_copied_samples(runs) -> None:
     """The copied user's test samples are flagged, and only they; the metrics without them are those of a
     split holding only the other samples."""
-    from nextloc.baselines import BaselineModule
-    from nextloc.data import SampleTensors
-    from nextloc.duplicates import copied_samples
-    from nextloc.evaluate import evaluate, model_scores
-    from nextloc.metrics import DEDUP_KEYS
+    from nextloc.evaluation.evaluate import evaluate, model_scores
+    from nextloc.evaluation.metrics import DEDUP_KEYS
     from nextloc.models import registry
+    from nextloc.models.baselines import BaselineModule
+    from nextloc.raw.duplicates import copied_samples
+    from nextloc.training.data import SampleTensors
 
     kept = runs["kept"]
     splits = {

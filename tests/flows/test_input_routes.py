@@ -37,7 +37,7 @@ def geolife_route(sample_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def sample_tables(sample_dir):
     """Each sample user's positionfixes as the GeoLife reader gives them, one table per .plt file."""
-    from nextloc.geolife import list_plt_files, list_user_dirs, read_user
+    from nextloc.io.geolife import list_plt_files, list_user_dirs, read_user
 
     users, _ = list_user_dirs(sample_dir)
     return {

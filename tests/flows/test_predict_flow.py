@@ -376,10 +376,10 @@ def test_predict_draws_the_answers_on_a_map(store, two_histories, tmp_path):
 def test_the_map_of_a_real_user_holds_their_visits_and_places(store, sample_dir, tmp_path):
     """User 73's raw fixes answered by the champion: the map draws every visit the model used, in order,
     and the places it named at their coordinates."""
-    from nextloc.histories import to_histories
-    from nextloc.history_reader import read_history
-    from nextloc.maps import draw_predictions, project
-    from nextloc.predict import predict
+    from nextloc.predict.answer import predict
+    from nextloc.predict.histories import to_histories
+    from nextloc.predict.history_reader import read_history
+    from nextloc.predict.maps import draw_predictions, project
     from tasks.evaluate import load_registered
 
     _, uri = store
@@ -467,7 +467,7 @@ def test_the_in_place_registry_read_answers_as_mlflow_download(store, two_histor
     same answers (places, probabilities, P(new place)) for a known user's week and an unknown user."""
     import mlflow
 
-    from nextloc.predict import predict_visits
+    from nextloc.predict.answer import predict_visits
     from nextloc.serving import load_bundle
     from tasks import tracking, versions
     from tasks.evaluate import load_registered, model_uri

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nextloc.fingerprint import FILE_HASH, hash_file_groups_memo, hash_files, hash_files_memo
-from nextloc.geolife import list_plt_files, list_user_dirs
+from nextloc.io.geolife import list_plt_files, list_user_dirs
 
 
 @pytest.fixture(scope="module")

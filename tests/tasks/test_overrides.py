@@ -1,4 +1,4 @@
-"""Model and training overrides are checked before any work (nextloc.overrides.resolve_overrides).
+"""Model and training overrides are checked before any work (nextloc.training.overrides.resolve_overrides).
 
 A deployment run or a command with a misspelt option used to fail in the training task, after the
 preprocessing (minutes on the full data); the flows now check them first.
@@ -11,7 +11,7 @@ import pytest
 from flows.pipeline import preprocess_train
 from flows.train import train
 from nextloc.models.registry import KINDS, neural_kinds
-from nextloc.overrides import ModelOverrides, TrainOverrides, resolve_overrides
+from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from nextloc.geolife import list_plt_files, read_user
+from nextloc.io.geolife import list_plt_files, read_user
 from nextloc.storage import read_parquet, write_parquet
 from tasks.preprocess import _read_positionfixes, _write_positionfixes
 

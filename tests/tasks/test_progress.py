@@ -22,7 +22,7 @@ def record(name: str, level: int, msg: str) -> logging.LogRecord:
         ("prefect.task_runs", logging.ERROR, "Finished in state Failed('boom')", True),
         ("prefect.task_runs", logging.WARNING, "Finished in state Completed()", True),
         ("prefect.flow_runs", logging.INFO, "Finished in state Completed()", True),  # the flow's own end
-        ("nextloc.locations", logging.INFO, "DBSCAN: 954 staypoints -> 78 locations", True),
+        ("nextloc.preprocessing.locations", logging.INFO, "DBSCAN: 954 staypoints -> 78 locations", True),
     ],
 )
 def test_only_routine_task_run_completions_leave_the_console(name, level, msg, shown):

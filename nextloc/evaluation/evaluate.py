@@ -1,0 +1,193 @@
+"""One home for evaluation: scoring a model on a split, the new-place head, and the packed form of histories
+that registered models take (summaries over seeds: :mod:`nextloc.evaluation.leaderboard`; the champion rule's
+statistics: :mod:`nextloc.evaluation.champion`).
+
+Protocol (the same data budget as the reference for every headline number): a model is fit on train; every
+choice (epoch, seed, the new-place head's coefficients) is made on validation; test is scored once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from nextloc.evaluation.metrics import DEDUP_KEYS
+from nextloc.evaluation.tensor_metrics import MetricAccumulator
+from nextloc.preprocessing.sequences import UNSEEN
+from nextloc.routine.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
+from nextloc.training.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
+
+ScoreFn = Callable[[Batch], torch.Tensor]
+
+
+@dataclass
+class SplitScores:
+    """A split scored by a model: the metric accumulator and the new-place head's inputs, in split order."""
+
+    accumulator: MetricAccumulator
+    features: np.ndarray  # (N, F): novelty.FEATURES, then the routine's explore features if given
+
+    @property
+    def is_new(self) -> np.ndarray:
+        """``(N,)`` whether each target is a new place (class 1)."""
+        return self.accumulator.targets() == UNSEEN
+
+
+@dataclass
+class Evaluation:
+    """What :func:`evaluate` reports for one trained model."""
+
+    val: dict[str, float]
+    test: dict[str, float]
+    head: NewPlaceHead
+    test_scores: SplitScores
+    test_p_new: np.ndarray  # (N_test,) P(new place), split order
+    per_user: pd.DataFrame
+    target_in_history: float  # % of test targets that occur in their history
+    # (N_test,) whether each test target is a copy of another user's staypoint (nextloc.raw.duplicates), split
+    # order; None when not known (no final staypoints next to the samples)
+    test_copied: np.ndarray | None = None
+
+    def per_sample(self) -> pd.DataFrame:
+        """Test outcomes per sample (hits and gains of both families, P(new place), and ``target_is_copy``
+        when :attr:`test_copied` is known), in split order."""
+        frame = self.test_scores.accumulator.per_sample()
+        frame["p_new"] = self.test_p_new[np.argsort(self.test_scores.accumulator.index(), kind="stable")]
+        if self.test_copied is not None:
+            frame["target_is_copy"] = np.asarray(self.test_copied, dtype=bool)
+        return frame
+
+    def dedup(self) -> dict[str, float]:
+        """:func:`without_copies` of the test samples (empty when :attr:`test_copied` is not known)."""
+        if self.test_copied is None:
+            return {}
+        return without_copies(self.per_sample(), self.test_copied)
+
+
+def model_scores(model: nn.Module) -> ScoreFn:
+    """Batch -> scores of ``model`` in eval mode (fp16 autocast on CUDA, float32 out)."""
+    model.eval()
+
+    def score(batch: Batch) -> torch.Tensor:
+        device = batch.loc.device
+        with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
+            return model(batch).float()
+
+    return score
+
+
+def score_split(
+    score_fn: ScoreFn, data: SampleTensors, batch_size: int = 512, explore: np.ndarray | None = None
+) -> SplitScores:
+    """Score every sample of ``data`` in split order (under ``torch.no_grad``); ``explore`` ``(N, E)``, the
+    routine's explore features in split order, joins the new-place head's inputs."""
+    accumulator = MetricAccumulator()
+    features = []
+    with torch.no_grad():
+        for batch in data.batches(batch_size):
+            scores = by_length(score_fn, batch)  # length-sorted pieces: the same rows, little padding
+            accumulator.update(scores, batch.target, batch.index)
+            features.append(novelty_features(scores, batch).cpu())
+    stacked = torch.cat(features).numpy() if features else np.zeros((0, len(FEATURES)), dtype=np.float32)
+    stacked = stacked.astype(np.float64)
+    return SplitScores(accumulator, stacked if explore is None else np.column_stack([stacked, explore]))
+
+
+def evaluate(
+    val_scores: ScoreFn,
+    test_scores: ScoreFn,
+    val: SampleTensors,
+    test: SampleTensors,
+    batch_size: int = 512,
+    head: NewPlaceHead | None = None,
+    explore: tuple[np.ndarray, np.ndarray] | None = None,
+    head_val_scores: ScoreFn | None = None,
+) -> Evaluation:
+    """Validation and test metrics of a trained model, with its new-place head fit on validation.
+
+    Args:
+        val_scores: the model chosen on validation (its validation metrics are the honest ones).
+        test_scores: the model that is tested (the same one, or a refit on train + val).
+        val: validation samples.
+        test: test samples.
+        batch_size: samples per scoring batch.
+        head: an already fitted new-place head (default: fit one on ``val``'s scores of ``test_scores``'s
+            model, i.e. the model whose scores it will read).
+        explore: the routine's explore features of val and test (split order): the head reads them too.
+        head_val_scores: the tested model's scores on ``val`` when ``test_scores`` cannot score ``val``
+            itself (a scorer bound to the test split); default: ``test_scores``.
+
+    Returns:
+        An :class:`Evaluation`. Validation metrics carry ``new_place_rate`` but no AUC/Brier (the head is fit
+        there); test metrics carry all of :data:`nextloc.evaluation.metrics.METRIC_KEYS`.
+    """
+    val_explore, test_explore = explore if explore is not None else (None, None)
+    val_split = score_split(val_scores, val, batch_size, val_explore)
+    head_scores = head_val_scores or test_scores
+    head_split = (
+        val_split if head_scores is val_scores else score_split(head_scores, val, batch_size, val_explore)
+    )
+    if head is None:
+        names = FEATURES if explore is None else ROUTINE_FEATURES
+        head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
+    test_split = score_split(test_scores, test, batch_size, test_explore)
+    p_new = head.predict(test_split.features)
+    return Evaluation(
+        val=val_split.accumulator.compute(),
+        test=test_split.accumulator.compute(p_new),
+        head=head,
+        test_scores=test_split,
+        test_p_new=p_new,
+        per_user=test_split.accumulator.per_user(test.user_id_np),
+        target_in_history=float(100 * test.target_in_history().mean()) if len(test) else float("nan"),
+    )
+
+
+def without_copies(per_sample: pd.DataFrame, copied: np.ndarray) -> dict[str, float]:
+    """The place rank metrics over the samples whose target is not a copy (:data:`DEDUP_KEYS`), and their
+    count ``n_test_dedup``.
+
+    Each metric is the mean of its :meth:`MetricAccumulator.per_sample` column (what the split's metric
+    is) over the samples kept; ``place_f1`` is left out: it is not a mean over samples.
+
+    Args:
+        per_sample: :meth:`Evaluation.per_sample` (split order).
+        copied: ``(N,)`` whether each sample's target is a copy (:func:`nextloc.raw.duplicates.copied_targets`),
+            split order.
+    """
+    copied = np.asarray(copied, dtype=bool)
+    if copied.shape != (len(per_sample),):
+        raise ValueError(f"{copied.shape} copy flags for {len(per_sample)} samples")
+    kept = per_sample.loc[~copied]
+    out = {
+        key: float(kept[key.removesuffix("_dedup")].mean()) if len(kept) else float("nan")
+        for key in DEDUP_KEYS
+    }
+    out["n_test_dedup"] = len(kept)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# packed histories (the registered models' input)
+# --------------------------------------------------------------------------- #
+
+
+def pack_batch(batch: Batch) -> torch.Tensor:
+    """A :class:`Batch` back into the packed ``(B, T, 6)`` form (see :mod:`nextloc.serving`)."""
+    user = batch.user[:, None].expand_as(batch.loc)
+    return torch.stack(
+        [
+            batch.loc,
+            batch.time * TIME_SLOT_MIN,
+            batch.weekday,
+            batch.duration * DURATION_BIN_MIN,
+            batch.diff,
+            user,
+        ],
+        dim=-1,
+    )

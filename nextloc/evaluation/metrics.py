@@ -1,0 +1,145 @@
+"""Ranking metrics for next-location prediction, in two families, plus the new-place metrics.
+
+**Place metrics** (the product's headline, ``place_*``): what a user gets. Classes 0 (padding) and 1 (a
+location not seen in training) are removed from every ranking, so a model can only name real places, and a
+target of 1 is always a miss. They are averaged over *all* samples (``n``), so every model is scored on the
+same denominator and a model cannot gain by predicting "somewhere new".
+
+**Reference metrics** (``acc@k``, ``mrr``, ``ndcg@10``, ``f1``): the published protocol, kept exactly for
+comparison with published work.
+
+The reference (ML ``utils/train.py`` ≡ V2 ``src/evaluation/metrics.py``, protocol §4) scores every class of the
+vocabulary, **including 0 (padding) and 1 (unseen location)**, masks nothing, and micro-averages over samples.
+It sorts all V classes twice per batch and breaks ties arbitrarily (``topk`` and ``argsort`` are separate sorts,
+so a sample can even count as an Acc@1 hit with a rank of 2). This module fixes one deterministic convention
+and computes it without any sort.
+
+Rank convention (a stable descending sort over the whole vocabulary)::
+
+    rank = 1 + #(classes with score > s_y) + #(classes with score == s_y and class index < y)
+
+where ``y`` is the target and ``s_y`` its score. Every metric follows from that rank:
+
+- ``acc@k`` = rank <= k (so Acc@k agrees with the MRR/NDCG ranking, unlike the reference's separate topk);
+- ``mrr`` = mean of 1 / rank over the full ranking (not cut at 10);
+- ``ndcg@10`` = 1 / log2(rank + 1) if rank <= 10 else 0 (one relevant item, IDCG = 1);
+- ``f1`` = ``sklearn.metrics.f1_score(y_true, top1, average="weighted", zero_division=0)`` where ``top1`` is the
+  rank-1 class under the same tie rule (the lowest index among the maximal scores).
+
+Place ranks follow the same convention over the classes ``>= 2`` only (the place rank of a target ``y >= 2``
+is its rank among the real places); a target ``< 2`` has no place rank (stored as 0, scored as a miss), and
+``place_f1`` is the weighted F1 of the top-ranked *place* against every target (a target of 1 keeps its
+support and can never be predicted).
+
+**New-place metrics**: ``new_place_rate`` is the share of targets that are new (class 1); for a model that
+gives P(new place) per sample, ``new_place_auc`` is its ROC-AUC against "the target is new" and
+``new_place_brier`` the Brier score (mean squared error of the probability, 0 best, *not* in percent).
+
+All metrics except ``n`` and ``new_place_brier`` are reported in percent (x100). NaN scores are not supported
+(their rank is undefined).
+
+This module imports no torch (the flows read its keys on every run): the ranks are computed on tensors in
+:mod:`nextloc.evaluation.tensor_metrics` (:func:`~nextloc.evaluation.tensor_metrics.target_ranks`,
+:class:`~nextloc.evaluation.tensor_metrics.MetricAccumulator`, :func:`~nextloc.evaluation.tensor_metrics.evaluate_scores`), the
+metrics here from the ranks' arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nextloc.preprocessing.sequences import UNSEEN
+
+TOPK = (1, 5, 10)
+NDCG_K = 10
+# The one metric list: every surface (results.json, MLflow, leaderboards, summaries) reads these, headline first.
+REFERENCE_KEYS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
+PLACE_KEYS = tuple(f"place_{key}" for key in REFERENCE_KEYS)
+NEW_PLACE_KEYS = ("new_place_rate", "new_place_auc", "new_place_brier")
+RESULT_KEYS = (*PLACE_KEYS, *NEW_PLACE_KEYS, *REFERENCE_KEYS)
+HEADLINE = "place_acc@1"
+METRIC_KEYS = (*RESULT_KEYS, "n")
+# The place rank metrics again over the test samples whose target is not a copy of another user's staypoint
+# (nextloc.raw.duplicates), with their count ``n_test_dedup``: results.json, the run's MLflow metrics, the summary.
+DEDUP_KEYS = tuple(f"{key}_dedup" for key in PLACE_KEYS if key != "place_f1")
+DEDUP_HEADLINE = f"{HEADLINE}_dedup"
+
+
+def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
+    """Acc@1/5/10, MRR and NDCG@10 (in percent) of an array of 1-based ranks.
+
+    Args:
+        ranks: 1-based ranks, any integer dtype; a rank of 0 means "not ranked" and counts as a miss
+            (place ranks of targets that are not places).
+
+    Returns:
+        ``acc@1``, ``acc@5``, ``acc@10``, ``mrr``, ``ndcg@10`` (NaN when ``ranks`` is empty).
+
+    Examples:
+        >>> rank_metrics(np.array([1, 2]))["mrr"]
+        75.0
+    """
+    ranks = np.asarray(ranks, dtype=np.float64)
+    ranks = np.where(ranks >= 1, ranks, np.inf)  # 0: a miss (1 / inf = 0, never <= k)
+    if ranks.size == 0:
+        return {**{f"acc@{k}": float("nan") for k in TOPK}, "mrr": float("nan"), "ndcg@10": float("nan")}
+    out = {f"acc@{k}": float((ranks <= k).mean() * 100) for k in TOPK}
+    out["mrr"] = float((1.0 / ranks).mean() * 100)
+    ndcg = np.where(ranks <= NDCG_K, 1.0 / np.log2(ranks + 1.0), 0.0)
+    out["ndcg@10"] = float(ndcg.mean() * 100)
+    return out
+
+
+def new_place_metrics(targets: np.ndarray, p_new: np.ndarray | None = None) -> dict[str, float]:
+    """``new_place_rate`` (%) and, given P(new place) per sample, ``new_place_auc`` (%) and ``new_place_brier``.
+
+    Args:
+        targets: ``(N,)`` target classes; "new" means class 1 (a location not seen in training).
+        p_new: ``(N,)`` probabilities that the next place is new, or None.
+
+    Returns:
+        The rate; with ``p_new`` also the ROC-AUC (NaN when only one outcome occurs) and the Brier score.
+
+    Examples:
+        >>> new_place_metrics(np.array([1, 2, 3, 1]), np.array([0.9, 0.2, 0.6, 0.4]))["new_place_auc"]
+        75.0
+    """
+    is_new = np.asarray(targets) == UNSEEN
+    out = {"new_place_rate": float(is_new.mean() * 100) if is_new.size else float("nan")}
+    if p_new is None:
+        return out
+    p_new = np.asarray(p_new, dtype=np.float64)
+    if p_new.shape != is_new.shape:
+        raise ValueError(f"{p_new.shape[0] if p_new.ndim else 0} probabilities for {is_new.size} targets")
+    if p_new.size and (np.isnan(p_new).any() or p_new.min() < 0 or p_new.max() > 1):
+        raise ValueError("P(new place) must be probabilities in [0, 1]")
+    both = 0 < is_new.sum() < is_new.size
+    if both:
+        from sklearn.metrics import roc_auc_score  # imported when used: sklearn takes ~1 s to import
+
+        out["new_place_auc"] = float(roc_auc_score(is_new, p_new) * 100)
+    else:
+        out["new_place_auc"] = float("nan")
+    out["new_place_brier"] = float(np.mean((p_new - is_new) ** 2)) if p_new.size else float("nan")
+    return out
+
+
+def weighted_f1(targets: np.ndarray, predicted: np.ndarray) -> float:
+    """Weighted F1 in percent (NaN without samples): the reference's ``f1_score(average="weighted",
+    zero_division=0)``, by the same float operations (equal to sklearn's, bit for bit, in the tests).
+
+    In NumPy rather than by calling sklearn: importing ``sklearn.metrics`` (0.8-1.1 s here, bytecode cached) fell
+    to the trainer's validation thread at the first epoch of a process that had not imported it, and an import
+    is Python code holding the interpreter lock, which the training thread beside it needs between its kernels:
+    3 pointer epochs trained at 1,690 samples/s instead of 1,970 (``benchmarks/train.py``'s process).
+    """
+    if not len(targets):
+        return float("nan")
+    labels, codes = np.unique(np.concatenate([targets, predicted]), return_inverse=True)
+    true_codes, pred_codes = codes[: len(targets)], codes[len(targets) :]
+    true_sum = np.bincount(true_codes, minlength=len(labels))
+    pred_sum = np.bincount(pred_codes, minlength=len(labels))
+    tp_sum = np.bincount(true_codes[true_codes == pred_codes], minlength=len(labels))
+    # every label occurs among the targets or the predictions, so no denominator is 0
+    f_score = 2.0 * tp_sum.astype(np.float64) / (true_sum.astype(np.float64) + pred_sum.astype(np.float64))
+    return float(np.average(f_score, weights=true_sum) * 100)

@@ -1,0 +1,21 @@
+"""Asking where next: from a person's visits or GPS fixes to the next places, named, with coordinates.
+
+- :mod:`~nextloc.predict.answer`: the answers (:func:`~nextloc.predict.answer.predict_visits`).
+- :mod:`~nextloc.predict.history_reader`: reading what a person sends (visits, raw fixes, samples).
+- :mod:`~nextloc.predict.histories`: visits -> histories in the model's ids, as preprocessing builds them.
+- :mod:`~nextloc.predict.packed`: the bundle's torch side (packed histories for a network).
+- :mod:`~nextloc.predict.maps`: answers on a map (PNG).
+
+The registered models' format is :mod:`nextloc.serving`. A model registered before the library was grouped
+in stages imports ``nextloc.predict.predict_visits``: it resolves here, on first use.
+"""
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("predict", "predict_visits"):  # imported on first use: answer imports nextloc.serving
+        from nextloc.predict import answer
+
+        return getattr(answer, name)
+    raise AttributeError(f"module 'nextloc.predict' has no attribute {name!r}")

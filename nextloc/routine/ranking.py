@@ -1,0 +1,385 @@
+"""Two model kinds that rank the places of the user's routine (:mod:`nextloc.routine.features`).
+
+* ``routine``: a rule. A candidate's score is a weighted sum of a few routine features (visits in the
+  7-day window, share among all earlier visits, share in now's 3-hour slot, share of the moves out of the
+  current place, share on the same kind of day and slot, minus a penalty for the place the user is
+  leaving); the weights are chosen on validation (coordinate search over a fixed grid, place MRR).
+* ``ranker``: LightGBM's LambdaRank over every routine feature, fit on the train split's questions, its
+  number of trees chosen on validation (early stopping).
+
+Both answer with log-probabilities over the whole vocabulary: the candidates share ``1 - FALLBACK_MASS`` by
+a softmax of their scores, every other known place shares ``FALLBACK_MASS`` by its popularity in train,
+and the classes 0 and 1 get ``FLOOR`` (a place model never names "somewhere new": the new-place head
+answers that). Their state is plain data (JSON weights; LightGBM's own text model format), nothing pickled.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from nextloc.preprocessing.sequences import FIRST_PLACE
+from nextloc.preprocessing.staypoints import to_ns
+from nextloc.preprocessing.vocabulary import place_centres, place_popularity
+from nextloc.routine.features import (
+    CANDIDATE_FEATURES,
+    Queries,
+    Routine,
+    VisitLog,
+    queries_after_last,
+    queries_for_targets,
+    wall_minutes,
+)
+from nextloc.routine.profile import StoredProfile
+from nextloc.routine.trees import TreeEnsemble
+
+if TYPE_CHECKING:
+    from nextloc.training.data import SampleTensors
+
+FALLBACK_MASS = 1e-3
+FLOOR = -40.0  # log-probability of the classes 0 and 1
+RULE_FEATURES = (
+    "n_window",
+    "share_place",
+    "share_slot",
+    "share_transition",
+    "share_daytype_slot",
+    "is_current",
+)
+RULE_GRID = (0.0, 0.3, 1.0, 3.0, 10.0)  # is_current's weight is a penalty: it enters with a minus sign
+RANKER_PARAMS: dict[str, Any] = {
+    "objective": "lambdarank",
+    "metric": "map",
+    "eval_at": [50],
+    "lambdarank_truncation_level": 10,
+    "learning_rate": 0.05,
+    "num_leaves": 31,
+    "min_data_in_leaf": 50,
+    "feature_fraction": 0.8,
+    "bagging_fraction": 0.8,
+    "bagging_freq": 1,
+    "deterministic": True,
+    "force_row_wise": True,
+    "num_threads": 1,
+    "verbose": -1,
+}
+# the registry's routine kinds (nextloc.models.registry, whose import loads torch: a routine answer needs none)
+ROUTINE_KINDS = ("routine", "ranker")
+RANKER_MAX_TREES = 2000
+RANKER_PATIENCE = 100
+
+
+@dataclass(frozen=True)
+class CandidateSet:
+    """One split's (or one request's) questions with their candidate places and features.
+
+    ``query``, ``place``: ``(R,)`` one row per candidate, query by query; ``features``: ``(R, F)``
+    :data:`~nextloc.routine.features.CANDIDATE_FEATURES`; ``explore``: ``(N, E)``; ``n``: the number of questions.
+    """
+
+    query: np.ndarray
+    place: np.ndarray
+    features: np.ndarray
+    explore: np.ndarray
+    n: int
+
+    @classmethod
+    def build(cls, routine: Routine, queries: Queries) -> CandidateSet:
+        query, place, features = routine.candidate_features(queries)
+        return cls(query, place, features, routine.explore_features(queries), len(queries))
+
+    def column(self, name: str) -> np.ndarray:
+        """One candidate feature, ``(R,)``."""
+        return self.features[:, CANDIDATE_FEATURES.index(name)]
+
+    def labels(self, target: np.ndarray) -> np.ndarray:
+        """``(R,)`` 1 where the candidate is its question's target, else 0."""
+        return (self.place == np.asarray(target)[self.query]).astype(np.int64)
+
+
+class CandidateScorer(Protocol):
+    """A fitted kind: candidate scores, and its state as plain data."""
+
+    def scores(self, candidates: CandidateSet) -> np.ndarray: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+
+def candidate_mrr(candidates: CandidateSet, scores: np.ndarray, target: np.ndarray) -> float:
+    """Mean reciprocal rank of each question's target among its candidates (0 where it is not one), in
+    percent; ties are broken by the lower place id, as in :mod:`nextloc.evaluation.metrics`."""
+    hit = candidates.labels(target).astype(bool)
+    target_score = np.full(candidates.n, np.nan)
+    target_score[candidates.query[hit]] = scores[hit]
+    target_place = np.zeros(candidates.n, dtype=np.int64)
+    target_place[candidates.query[hit]] = candidates.place[hit]
+    ts, tp = target_score[candidates.query], target_place[candidates.query]
+    better = (scores > ts) | ((scores == ts) & (candidates.place < tp))
+    rank = np.bincount(candidates.query, weights=better, minlength=candidates.n) + 1
+    covered = ~np.isnan(target_score)
+    return float(100 * np.where(covered, 1 / rank, 0.0).mean()) if candidates.n else float("nan")
+
+
+class RoutineRule:
+    """The ``routine`` kind: a weighted sum of :data:`RULE_FEATURES` (see the module docstring)."""
+
+    def __init__(self, weights: dict[str, float] | None = None) -> None:
+        self.weights = dict(weights or dict.fromkeys(RULE_FEATURES, 1.0))
+        unknown = sorted(set(self.weights) - set(RULE_FEATURES))
+        if unknown:
+            raise ValueError(f"unknown routine rule weights {unknown}; expected {list(RULE_FEATURES)}")
+
+    def scores(self, candidates: CandidateSet) -> np.ndarray:
+        total = np.zeros(len(candidates.query))
+        for name, weight in self.weights.items():
+            sign = -1.0 if name == "is_current" else 1.0
+            total += sign * weight * candidates.column(name)
+        return total
+
+    def fit(self, val: CandidateSet, target: np.ndarray, passes: int = 2) -> RoutineRule:
+        """Choose the weights on validation: coordinate search over :data:`RULE_GRID`, by candidate MRR
+        (first best wins ties, so the search is deterministic)."""
+        weights = dict.fromkeys(RULE_FEATURES, 1.0)
+        best = candidate_mrr(val, RoutineRule(weights).scores(val), target)
+        for _, name in itertools.product(range(passes), RULE_FEATURES):
+            for value in RULE_GRID:
+                trial = {**weights, name: value}
+                score = candidate_mrr(val, RoutineRule(trial).scores(val), target)
+                if score > best:
+                    best, weights = score, trial
+        self.weights = weights
+        return self
+
+    def state(self) -> dict[str, Any]:
+        return {"weights": self.weights}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RoutineRule:
+        return cls({str(k): float(v) for k, v in state["weights"].items()})
+
+
+class RoutineRanker:
+    """The ``ranker`` kind: LightGBM LambdaRank over :data:`~nextloc.routine.features.CANDIDATE_FEATURES`.
+
+    A model read back from its text answers with :class:`~nextloc.routine.trees.TreeEnsemble` (the same scores as
+    LightGBM's, without importing it) unless it is outside what that covers.
+
+    Args:
+        seed: LightGBM's seed (its bagging and feature sampling).
+        model: a fitted LightGBM model in its text format (from :meth:`state`), or None.
+    """
+
+    def __init__(self, seed: int = 0, model: str | None = None) -> None:
+        self.seed = int(seed)
+        self.booster = None
+        self.model = model
+        self.trees = TreeEnsemble.parse(model) if model is not None else None
+        if model is not None and self.trees is None:
+            import lightgbm  # a model the numpy trees do not cover
+
+            self.booster = lightgbm.Booster(model_str=model)
+
+    def fit(self, train: CandidateSet, train_target: np.ndarray, val: CandidateSet, val_target: np.ndarray):
+        """Fit on train's questions that have their target among the candidates (the others carry no
+        ranking signal); stop adding trees when validation has not improved for ``RANKER_PATIENCE``."""
+        import lightgbm
+
+        labels = train.labels(train_target)
+        has_target = np.bincount(train.query, weights=labels, minlength=train.n) > 0
+        rows = has_target[train.query]
+        names = list(CANDIDATE_FEATURES)
+        fit_set = lightgbm.Dataset(
+            train.features[rows],
+            labels[rows],
+            group=np.bincount(train.query[rows], minlength=train.n)[has_target],
+            feature_name=names,
+        )
+        sizes = np.bincount(val.query, minlength=val.n)
+        val_set = lightgbm.Dataset(
+            val.features, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
+        )
+        self.model, self.trees = None, None
+        self.booster = lightgbm.train(
+            {**RANKER_PARAMS, "seed": self.seed},
+            fit_set,
+            RANKER_MAX_TREES,
+            valid_sets=[val_set],
+            callbacks=[lightgbm.early_stopping(RANKER_PATIENCE, verbose=False)],
+        )
+        return self
+
+    @property
+    def best_iteration(self) -> int:
+        return int(self.booster.best_iteration or self.booster.current_iteration())
+
+    def scores(self, candidates: CandidateSet) -> np.ndarray:
+        if self.booster is None and self.trees is None:
+            raise RuntimeError("call fit() first")
+        if not len(candidates.query):
+            return np.zeros(0)
+        if self.trees is not None:
+            return self.trees.predict(candidates.features)
+        return self.booster.predict(candidates.features, num_iteration=self.best_iteration)
+
+    def state(self) -> dict[str, Any]:
+        if self.booster is None:
+            return {"seed": self.seed, "model": self.model}
+        return {"seed": self.seed, "model": self.booster.model_to_string(num_iteration=self.best_iteration)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RoutineRanker:
+        return cls(int(state["seed"]), str(state["model"]))
+
+
+def log_probabilities(candidates: CandidateSet, scores: np.ndarray, popularity: np.ndarray) -> np.ndarray:
+    """``(N, V)`` float32 log-probabilities from candidate scores (see the module docstring).
+
+    Args:
+        candidates: the questions and their candidates.
+        scores: ``(R,)`` one score per candidate.
+        popularity: ``(V,)`` non-negative weights of the places for the fallback mass (visits in train).
+    """
+    v = len(popularity)
+    fallback = np.asarray(popularity, dtype=np.float64) + 1.0
+    fallback[:FIRST_PLACE] = 0.0
+    share = np.log(np.maximum(fallback, 1e-300) / fallback.sum())  # classes 0 and 1: set to FLOOR below
+    out = np.tile(share, (candidates.n, 1))
+    has = np.bincount(candidates.query, minlength=candidates.n) > 0
+    q, place = candidates.query, candidates.place
+    if len(q):
+        top = np.full(candidates.n, -np.inf)
+        np.maximum.at(top, q, scores)
+        z = np.exp(scores - top[q])
+        denominator = np.bincount(q, weights=z, minlength=candidates.n)
+        rest = fallback.sum() - np.bincount(q, weights=fallback[place], minlength=candidates.n)
+        out[has] += (
+            np.log(FALLBACK_MASS) + np.log(fallback.sum()) - np.log(np.maximum(rest[has], 1e-12))[:, None]
+        )
+        out[q, place] = np.log1p(-FALLBACK_MASS) + scores - top[q] - np.log(denominator[q])
+    out[:, :FIRST_PLACE] = FLOOR
+    return out.astype(np.float32).reshape(candidates.n, v)
+
+
+@dataclass(frozen=True)
+class RoutineData:
+    """A dataset's routine (every visit indexed once) and each split's questions with their candidates.
+
+    Args:
+        routine: the routine over every staypoint of the dataset.
+        candidates: ``split -> CandidateSet``, questions in split order.
+        targets: ``split -> (N,)`` the target place of each question.
+        popularity: ``(V,)`` each place's visits in train (the fallback weights).
+    """
+
+    routine: Routine
+    candidates: dict[str, CandidateSet]
+    targets: dict[str, np.ndarray]
+    popularity: np.ndarray
+
+    @classmethod
+    def build(
+        cls,
+        staypoints: pd.DataFrame,
+        locations: pd.DataFrame,
+        samples: dict[str, SampleTensors],
+        num_places: int,
+        timezone: str = "UTC",
+    ) -> RoutineData:
+        """From ``staypoints.parquet``, ``vocabulary/locations.parquet`` and each split's samples (their
+        ``staypoint_id`` names the target)."""
+        log = VisitLog.from_staypoints(staypoints, timezone)
+        routine = Routine(log, num_places, place_centres(locations, num_places))
+        candidates, targets = {}, {}
+        for split, data in samples.items():
+            queries = queries_for_targets(log, data.table.column("staypoint_id").to_numpy())
+            candidates[split] = CandidateSet.build(routine, queries)
+            targets[split] = data.target_np
+        return cls(routine, candidates, targets, place_popularity(locations, num_places))
+
+    def fit(self, kind: str, seed: int = 0) -> CandidateScorer:
+        """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val)."""
+        if kind == "routine":
+            return RoutineRule().fit(self.candidates["val"], self.targets["val"])
+        if kind == "ranker":
+            return RoutineRanker(seed).fit(
+                self.candidates["train"], self.targets["train"], self.candidates["val"], self.targets["val"]
+            )
+        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
+
+    def log_probabilities(self, model: CandidateScorer, split: str) -> np.ndarray:
+        """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order."""
+        candidates = self.candidates[split]
+        return log_probabilities(candidates, model.scores(candidates), self.popularity)
+
+
+def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:
+    """The inverse of ``model.state()`` for a routine kind."""
+    scorers: dict[str, type[RoutineRule] | type[RoutineRanker]] = {
+        "routine": RoutineRule,
+        "ranker": RoutineRanker,
+    }
+    if kind not in scorers:
+        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
+    return scorers[kind].from_state(state)
+
+
+@dataclass(frozen=True)
+class RoutineAnswerer:
+    """A registered routine kind answering a request: its model, and the users' profile as of training.
+
+    A request's visits extend the profile (its visits before the end of a known user's profile are taken
+    to be in the profile already, and only mark the 7-day window); a user the profile does not hold, or a
+    second history of the same user in one request, is answered from the request's visits alone.
+    """
+
+    model: CandidateScorer
+    profile: StoredProfile
+    num_places: int
+    centres: np.ndarray
+    popularity: np.ndarray
+    timezone: str
+
+    def answer(self, visits: pd.DataFrame, users: np.ndarray, at: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+        """Answers to one question per history.
+
+        Args:
+            visits: one row per visit: ``history`` (0..H-1), ``started_at``, ``finished_at`` (tz-aware),
+                ``place`` (encoded: 1 for a place outside the vocabulary) and ``raw_place`` (an id that
+                tells the request's places apart).
+            users: ``(H,)`` each history's encoded user (0: unknown).
+            at: ``(H,)`` each question's time (tz-aware).
+
+        Returns:
+            ``(H, V)`` float32 log-probabilities and ``(H, E)`` explore features, in history order.
+        """
+        h = visits["history"].to_numpy(np.int64)
+        n = len(users)
+        users = np.asarray(users, dtype=np.int64)
+        first_of_user = np.zeros(n, dtype=bool)
+        first_of_user[np.unique(users, return_index=True)[1]] = True
+        known = self.profile.users
+        in_profile = first_of_user & np.isin(users, known)
+        fresh = int(max(int(known.max()) if len(known) else 0, int(users.max()) if n else 0)) + 1
+        routine_user = np.where(in_profile, users, fresh + np.arange(n))
+        log = VisitLog.of(
+            routine_user[h],
+            to_ns(visits["started_at"]),
+            to_ns(visits["finished_at"]),
+            visits["place"].to_numpy(np.int64),
+            visits["raw_place"].to_numpy(np.int64),
+            np.arange(len(visits)),
+            self.timezone,
+        )
+        order = np.argsort(routine_user, kind="stable")  # queries_after_last answers users ascending
+        now = wall_minutes(pd.Series(at).iloc[order], self.timezone)
+        queries = queries_after_last(log, now)
+        routine = Routine(log, self.num_places, self.centres, self.profile)
+        candidates = CandidateSet.build(routine, queries)
+        logp = log_probabilities(candidates, self.model.scores(candidates), self.popularity)
+        back = np.empty(n, dtype=np.int64)
+        back[order] = np.arange(n)
+        return logp[back], candidates.explore[back]

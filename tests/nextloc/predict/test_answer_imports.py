@@ -1,0 +1,22 @@
+"""A routine kind's answer imports only what answering needs (issue 33): no torch, scikit-learn, LightGBM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from nextloc.models import registry
+from nextloc.routine.ranking import ROUTINE_KINDS
+
+
+def test_routine_kinds_match_the_registry():
+    assert registry.kinds("routine") == ROUTINE_KINDS
+
+
+def test_answering_imports_no_torch_sklearn_or_lightgbm():
+    code = (
+        "import sys; import nextloc.predict.answer, nextloc.serving, tasks.evaluate, flows.cli; "
+        "print(sorted(m for m in ('torch', 'sklearn', 'lightgbm', 'scipy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

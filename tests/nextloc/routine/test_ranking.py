@@ -1,0 +1,88 @@
+"""The routine kinds: answers as probabilities, the rule's weights chosen on validation, the ranker's fit
+and its state as plain text (the whole route on the real GeoLife sample: tests/flows/test_predict_flow.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nextloc.routine.features import CANDIDATE_FEATURES, EXPLORE_FEATURES
+from nextloc.routine.ranking import (
+    FALLBACK_MASS,
+    FLOOR,
+    RULE_FEATURES,
+    CandidateSet,
+    RoutineRanker,
+    RoutineRule,
+    candidate_mrr,
+    log_probabilities,
+)
+
+
+def candidate_set(rng: np.random.Generator, n: int, per_query: int = 5, signal: str = "share_slot"):
+    """``n`` questions with ``per_query`` candidates (places 2..) each; the target is the candidate with the
+    highest ``signal`` feature, the other features are noise."""
+    query = np.repeat(np.arange(n), per_query)
+    place = np.tile(np.arange(2, 2 + per_query), n)
+    features = rng.random((len(query), len(CANDIDATE_FEATURES)))
+    column = features[:, CANDIDATE_FEATURES.index(signal)].reshape(n, per_query)
+    target = column.argmax(axis=1) + 2
+    return CandidateSet(query, place, features, np.zeros((n, len(EXPLORE_FEATURES))), n), target
+
+
+def test_answers_are_probabilities_over_places() -> None:
+    candidates = CandidateSet(
+        query=np.array([0, 0, 2]),
+        place=np.array([3, 5, 4]),
+        features=np.zeros((3, len(CANDIDATE_FEATURES))),
+        explore=np.zeros((3, len(EXPLORE_FEATURES))),
+        n=3,
+    )
+    popularity = np.array([0, 0, 10, 5, 1, 0, 3], dtype=float)
+    logp = log_probabilities(candidates, np.array([2.0, 1.0, 0.0]), popularity).astype(np.float64)
+    p = np.exp(logp)
+    assert (logp[:, :2] == FLOOR).all()  # no answer is "padding" or "somewhere new"
+    np.testing.assert_allclose(p[:, 2:].sum(axis=1), 1.0, atol=1e-6)
+    assert p[0, 3] + p[0, 5] == pytest.approx(1 - FALLBACK_MASS, rel=1e-6)
+    assert p[0, 3] / p[0, 5] == pytest.approx(np.e, rel=1e-5)  # a softmax of the scores
+    assert p[2, 4] == pytest.approx(1 - FALLBACK_MASS, rel=1e-6)
+    # a question without a candidate: the places by popularity (+1 each)
+    expected = (popularity[2:] + 1) / (popularity[2:] + 1).sum()
+    np.testing.assert_allclose(p[1, 2:], expected, rtol=1e-5)
+
+
+def test_candidate_mrr_counts_a_missing_target_as_zero() -> None:
+    candidates = CandidateSet(
+        np.array([0, 0, 1]), np.array([2, 3, 2]), np.zeros((3, 1)), np.zeros((2, 1)), n=2
+    )
+    # question 0: target 3 ranks second; question 1: target 4 is no candidate
+    assert candidate_mrr(candidates, np.array([1.0, 0.0, 1.0]), np.array([3, 4])) == pytest.approx(25.0)
+    # ties go to the lower place id, as in nextloc.evaluation.metrics
+    assert candidate_mrr(candidates, np.array([1.0, 1.0, 1.0]), np.array([3, 4])) == pytest.approx(25.0)
+
+
+def test_the_rule_chooses_its_weights_on_validation() -> None:
+    val, target = candidate_set(np.random.default_rng(0), 300, signal="share_slot")
+    start = candidate_mrr(val, RoutineRule().scores(val), target)
+    rule = RoutineRule().fit(val, target)
+    assert candidate_mrr(val, rule.scores(val), target) > start
+    assert rule.weights["share_slot"] == max(
+        rule.weights[name] for name in RULE_FEATURES if name != "is_current"
+    )
+    assert RoutineRule.from_state(rule.state()).weights == rule.weights
+    with pytest.raises(ValueError, match="unknown routine rule weights"):
+        RoutineRule({"share_slto": 1.0})
+
+
+def test_the_ranker_learns_and_reads_back_from_text() -> None:
+    pytest.importorskip("lightgbm")
+    rng = np.random.default_rng(1)
+    train, train_target = candidate_set(rng, 400, signal="share_transition")
+    val, val_target = candidate_set(rng, 200, signal="share_transition")
+    ranker = RoutineRanker(seed=0).fit(train, train_target, val, val_target)
+    assert candidate_mrr(val, ranker.scores(val), val_target) > 90
+    state = ranker.state()
+    assert isinstance(state["model"], str)  # LightGBM's text format: nothing pickled
+    np.testing.assert_array_equal(RoutineRanker.from_state(state).scores(val), ranker.scores(val))
+    again = RoutineRanker(seed=0).fit(train, train_target, val, val_target)
+    assert again.state()["model"] == state["model"]  # the same seed fits the same trees
