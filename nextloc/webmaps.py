@@ -258,7 +258,7 @@ def _point_layer_class() -> type:
                 for (var i = 0; i < rows.length; i++) {
                     var r = rows[i];
                     var marker = L.circleMarker([r[0], r[1]], {radius: r[2], color: r[3], weight: r[5],
-                        fillColor: r[3], fillOpacity: 0.55, opacity: 0.9});
+                        fillColor: r[6], fillOpacity: 0.55, opacity: 0.9});
                     if (r[4]) { marker.bindPopup(r[4], {maxWidth: 320}); }
                     group.addLayer(marker);
                 }
@@ -278,7 +278,7 @@ def _point_layer_class() -> type:
 @dataclass(frozen=True)
 class Point:
     """One circle of a :func:`point_layer`: centre, radius (pixels), colour, popup (escaped HTML; empty:
-    none) and outline width (pixels)."""
+    none), outline width (pixels) and fill colour (empty: the colour)."""
 
     latitude: float
     longitude: float
@@ -286,6 +286,7 @@ class Point:
     colour: str
     popup: str = ""
     weight: float = 1.0
+    fill: str = ""
 
     def row(self) -> list[Any]:
         return [
@@ -295,6 +296,7 @@ class Point:
             self.colour,
             self.popup,
             self.weight,
+            self.fill or self.colour,
         ]
 
 
