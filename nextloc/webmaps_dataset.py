@@ -238,7 +238,7 @@ def dataset_page(
     drawn = []
     for name, points, show in layers:
         cluster = len(points) > CLUSTER_ABOVE
-        point_layer(points, escape(name), cluster=cluster, show=show).add_to(fmap)
+        point_layer(points, escape(name, quote=False), cluster=cluster, show=show).add_to(fmap)
         drawn.append(PageLayer(name, len(points), cluster))
     _finish(fmap, table, staypoints, duplicates, user)
     write_page(fmap, Path(path), f"nextloc: {source}", cluster=any(layer.clustered for layer in drawn))
