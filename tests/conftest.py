@@ -199,6 +199,49 @@ def preprocessed_copy(_preprocessed_sample) -> Callable[[Path], Path]:
     return copy
 
 
+@pytest.fixture
+def web_answer() -> tuple[pd.DataFrame, dict]:
+    """Four visits (the first and the last at one place, the third at a place the model never saw) and an
+    answer of three places, one without coordinates."""
+    import pandas as pd
+
+    history = pd.DataFrame(
+        {
+            "started_at": pd.to_datetime(
+                ["2008-10-01 08:00", "2008-10-01 12:00", "2008-10-01 18:00", "2008-10-02 08:00"], utc=True
+            ),
+            "place": [5, 7, 1, 5],
+            "latitude": [39.98, 39.99, 40.0, 39.98],
+            "longitude": [116.30, 116.32, 116.31, 116.30],
+        }
+    )
+    answer = {
+        "user_id": 73,
+        "at": "2008-10-02T09:00:00Z",
+        "p_new_place": 0.123,
+        "places": [
+            {
+                "rank": 1,
+                "location_id": 5,
+                "latitude": 39.98,
+                "longitude": 116.3,
+                "n_visits": 37,
+                "probability": 0.6,
+            },
+            {
+                "rank": 2,
+                "location_id": 7,
+                "latitude": 39.99,
+                "longitude": 116.32,
+                "n_visits": 12,
+                "probability": 0.3,
+            },
+            {"rank": 3, "location_id": 9, "probability": 0.05},
+        ],
+    }
+    return history, answer
+
+
 #: What routes a command to a server: a test that runs ``nextloc`` in-process (``flows.cli.main``) may set
 #: them for the process, as the command does; the next test starts without them.
 ROUTING_ENV = ("NEXTLOC_", "MLFLOW_", "PREFECT_API_URL", "PREFECT_UI_URL")

@@ -27,46 +27,6 @@ def leaflet() -> None:
         pytest.skip(f"web maps need Debian's libjs-leaflet (`make install`): missing {missing}")
 
 
-def history_and_answer() -> tuple[pd.DataFrame, dict]:
-    """Four visits (the first and the last at one place, the third at a place the model never saw) and an
-    answer of three places, one without coordinates."""
-    history = pd.DataFrame(
-        {
-            "started_at": pd.to_datetime(
-                ["2008-10-01 08:00", "2008-10-01 12:00", "2008-10-01 18:00", "2008-10-02 08:00"], utc=True
-            ),
-            "place": [5, 7, 1, 5],
-            "latitude": [39.98, 39.99, 40.0, 39.98],
-            "longitude": [116.30, 116.32, 116.31, 116.30],
-        }
-    )
-    answer = {
-        "user_id": 73,
-        "at": "2008-10-02T09:00:00Z",
-        "p_new_place": 0.123,
-        "places": [
-            {
-                "rank": 1,
-                "location_id": 5,
-                "latitude": 39.98,
-                "longitude": 116.3,
-                "n_visits": 37,
-                "probability": 0.6,
-            },
-            {
-                "rank": 2,
-                "location_id": 7,
-                "latitude": 39.99,
-                "longitude": 116.32,
-                "n_visits": 12,
-                "probability": 0.3,
-            },
-            {"rank": 3, "location_id": 9, "probability": 0.05},
-        ],
-    }
-    return history, answer
-
-
 def test_external_references_finds_what_a_browser_would_fetch():
     page = (
         '<html><head><script src="https://cdn.example/leaflet.js"></script>'
@@ -80,10 +40,10 @@ def test_external_references_finds_what_a_browser_would_fetch():
     assert external_references("<html><style>@import 'x.css';</style></html>")
 
 
-def test_the_answers_page_holds_leaflet_and_a_layer_per_history(leaflet, tmp_path):
+def test_the_answers_page_holds_leaflet_and_a_layer_per_history(leaflet, tmp_path, web_answer):
     from nextloc.webmaps_answers import answers_page
 
-    history, answer = history_and_answer()
+    history, answer = web_answer
     second = {**answer, "user_id": 5555, "history_id": "a<b", "p_new_place": None}
     page = answers_page([(history, answer), (history.iloc[:2], second)], tmp_path / "answers.html")
     first, other = page.layers
@@ -105,21 +65,21 @@ def test_the_answers_page_holds_leaflet_and_a_layer_per_history(leaflet, tmp_pat
     assert again.path.read_bytes() == page.path.read_bytes()
 
 
-def test_nothing_to_draw_is_an_error(leaflet, tmp_path):
+def test_nothing_to_draw_is_an_error(leaflet, tmp_path, web_answer):
     from nextloc.webmaps_answers import answers_page
 
-    history, answer = history_and_answer()
+    history, answer = web_answer
     with pytest.raises(ValueError, match="no answer"):
         answers_page([], tmp_path / "a.html")
     with pytest.raises(ValueError, match="nothing to draw"):
         answers_page([(history.iloc[:0], {**answer, "places": []})], tmp_path / "a.html")
 
 
-def test_a_missing_leaflet_names_the_package_and_writes_nothing(tmp_path, monkeypatch):
+def test_a_missing_leaflet_names_the_package_and_writes_nothing(tmp_path, monkeypatch, web_answer):
     from nextloc.webmaps_answers import answers_page
 
     monkeypatch.setenv(webmaps.LEAFLET_DIR_ENV, str(tmp_path / "empty"))
-    history, answer = history_and_answer()
+    history, answer = web_answer
     with pytest.raises(FileNotFoundError, match="apt-get install libjs-leaflet"):
         answers_page([(history, answer)], tmp_path / "a.html")
     assert not (tmp_path / "a.html").exists()
