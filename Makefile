@@ -15,15 +15,18 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
 install: system-deps $(STAMP)  ## create .venv and install nextloc with its pinned stack (CPU torch)
 
-# Debian packages the services and the browser tests need: PostgreSQL 15 (make services),
+# Debian packages the services, the web maps and the browser tests need: PostgreSQL 15 (make services),
+# Leaflet and Leaflet.markercluster (the .html maps inline their files: nextloc/webmaps.py),
 # Chromium + ChromeDriver (tests/browser). Installed only when missing and only as root with apt-get;
 # elsewhere the command says what to install and the tests that need them say why they skip.
-SYSTEM_PACKAGES := postgresql chromium chromium-driver
+SYSTEM_PACKAGES := postgresql chromium chromium-driver libjs-leaflet libjs-leaflet.markercluster
 system-deps:
 	@missing=""; \
 	command -v /usr/lib/postgresql/15/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	test -f /usr/share/javascript/leaflet/leaflet.js || missing="$$missing libjs-leaflet"; \
+	test -f /usr/share/javascript/leaflet/leaflet.markercluster.js || missing="$$missing libjs-leaflet.markercluster"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian packages:$$missing"; \

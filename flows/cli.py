@@ -116,6 +116,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "evaluate": _cmd_evaluate,
         "compare": _cmd_compare,
         "predict": _cmd_predict,
+        "map": _cmd_map,
         "download": _cmd_download,
         "synth": _cmd_synth,
         "export": _cmd_export,
@@ -288,6 +289,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(answers, indent=2) + "\n")
     else:
         _print_answers(answers)
+    return 0
+
+
+def _cmd_map(args: argparse.Namespace) -> int:
+    from tasks.dataset_map import draw_dataset_map
+
+    path = draw_dataset_map(args.data_dir, args.out, args.user)
+    sys.stdout.write(json.dumps({"map": str(path)}) + "\n")
     return 0
 
 

@@ -109,11 +109,19 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
         "--map",
         type=Path,
         default=None,
-        metavar="PNG",
-        help="also draw the first 4 answers on a map (one panel each: the history's visits in order, the "
-        "predicted places sized by probability, P(new place) in the title); offline, no tiles",
+        metavar="PNG|HTML",
+        help="also draw the answers on a map: .png, the first 4 (one panel each: the history's visits in "
+        "order, the predicted places sized by probability, P(new place) in the title; offline, no tiles); "
+        ".html, a web map with a layer per history and a popup per place (Leaflet inside the page; "
+        "OpenStreetMap tiles when online)",
     )
     _add_tracking_options(parser)
+
+
+def _map_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="a preprocessed data dir")
+    parser.add_argument("--user", type=int, default=None, help="also draw this user's staypoints and moves")
+    parser.add_argument("--out", type=Path, required=True, metavar="HTML", help="the page to write (.html)")
 
 
 def _download_arguments(parser: argparse.ArgumentParser) -> None:
@@ -236,6 +244,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "dataframe_records request included; optional history_id for several histories per user), raw GPS "
         "fixes (a .plt file or a folder of them, or CSV/parquet of tracked_at, latitude, longitude), or a "
         "samples parquet of the dataset. Times are ISO 8601; no zone means UTC.",
+    ),
+    "map": Subcommand(
+        _map_arguments,
+        help="draw a preprocessed dataset on a web map: locations, a user's staypoints, shared recordings.",
+        description="An .html page (Leaflet inside it: it opens offline; OpenStreetMap tiles when online): "
+        "the locations sized by visits and coloured by how many users visit them, the staypoints several "
+        "users hold (GeoLife's shared recordings), and with --user that user's staypoints and moves.",
     ),
     "download": Subcommand(
         _download_arguments,

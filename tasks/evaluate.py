@@ -122,15 +122,21 @@ def predict_registered(
     map_path: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Answers of a registered model for a history file (visits, positionfixes, samples) or JSON text:
-    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict.answer`); with ``map_path``, the
-    first answers drawn on a map there (:func:`nextloc.predict.maps.draw_predictions`)."""
+    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict`); with ``map_path``, the
+    answers drawn on a map there: an ``.html`` web map (:func:`nextloc.webmaps_answers.predictions_page`),
+    else the first ones in a PNG (:func:`nextloc.maps.draw_predictions`)."""
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     raw = read_history(history, bundle.preprocess, user_id)
     stamp = parse_time(at, "--at", "at") if at else None
     histories = to_histories(raw, bundle, stamp)
     answers = predict(bundle, histories, k, progress=progress)
-    if map_path is not None:
-        from nextloc.predict.maps import draw_predictions  # matplotlib: only with a map
+    if map_path is not None and Path(map_path).suffix.lower() in (".html", ".htm"):
+        from nextloc.webmaps_answers import predictions_page  # folium: only with a web map
+
+        page = predictions_page(histories, answers, bundle.locations, Path(map_path))
+        logger.info("web map of %d of %d answers: %s", len(page.layers), len(answers), page.path)
+    elif map_path is not None:
+        from nextloc.maps import draw_predictions  # matplotlib: only with a map
 
         drawn = draw_predictions(histories, answers, bundle.locations, Path(map_path))
         logger.info("map of the first %d of %d answers: %s", len(drawn.panels), len(answers), drawn.path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -172,6 +173,73 @@ def prefect_api():
             yield api
     finally:
         api.release()
+
+
+@pytest.fixture(scope="session")
+def _preprocessed_sample(sample_dir, prefect_api, tmp_path_factory) -> Path:
+    """The preprocess flow's outputs for the GeoLife sample (default config), run once; never handed out."""
+    from flows.preprocess import preprocess
+
+    data_dir = tmp_path_factory.mktemp("preprocessed-sample") / "data"
+    preprocess(raw_dir=str(sample_dir), data_dir=str(data_dir))
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def preprocessed_copy(_preprocessed_sample) -> Callable[[Path], Path]:
+    """``preprocessed_copy(data_dir)``: a copy of the sample preprocessed by the flow (default config) at
+    ``data_dir``, exactly what ``preprocess(raw_dir=sample, data_dir=data_dir)`` writes there (its content
+    cache included: a copied data directory is all cache hits, tests/flows/test_content_cache.py); the flow
+    and browser tests share it."""
+
+    def copy(data_dir: Path) -> Path:
+        shutil.copytree(_preprocessed_sample, data_dir)
+        return data_dir
+
+    return copy
+
+
+@pytest.fixture
+def web_answer() -> tuple[pd.DataFrame, dict]:
+    """Four visits (the first and the last at one place, the third at a place the model never saw) and an
+    answer of three places, one without coordinates."""
+    import pandas as pd
+
+    history = pd.DataFrame(
+        {
+            "started_at": pd.to_datetime(
+                ["2008-10-01 08:00", "2008-10-01 12:00", "2008-10-01 18:00", "2008-10-02 08:00"], utc=True
+            ),
+            "place": [5, 7, 1, 5],
+            "latitude": [39.98, 39.99, 40.0, 39.98],
+            "longitude": [116.30, 116.32, 116.31, 116.30],
+        }
+    )
+    answer = {
+        "user_id": 73,
+        "at": "2008-10-02T09:00:00Z",
+        "p_new_place": 0.123,
+        "places": [
+            {
+                "rank": 1,
+                "location_id": 5,
+                "latitude": 39.98,
+                "longitude": 116.3,
+                "n_visits": 37,
+                "probability": 0.6,
+            },
+            {
+                "rank": 2,
+                "location_id": 7,
+                "latitude": 39.99,
+                "longitude": 116.32,
+                "n_visits": 12,
+                "probability": 0.3,
+            },
+            {"rank": 3, "location_id": 9, "probability": 0.05},
+        ],
+    }
+    return history, answer
 
 
 #: What routes a command to a server: a test that runs ``nextloc`` in-process (``flows.cli.main``) may set

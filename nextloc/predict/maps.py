@@ -50,8 +50,10 @@ __all__ = [
     "draw_answer",
     "draw_answers",
     "draw_predictions",
+    "in_view",
     "map_questions",
     "project",
+    "visit_label",
 ]
 
 MAX_PANELS = 4  # answers drawn by draw_predictions (the CLI's --map): the first ones
@@ -244,8 +246,8 @@ def _draw_panel(
     probabilities = np.array([p["probability"] for p in places], float)
     hist_ll = history[["latitude", "longitude"]].to_numpy(float).reshape(-1, 2)
     actual_ll = np.array([actual] if actual else [], float).reshape(-1, 2)
-    in_view = _in_view(hist_ll, place_ll, actual_ll)
-    view = np.concatenate([hist_ll, place_ll[in_view], actual_ll])
+    framed = in_view(hist_ll, place_ll, actual_ll)
+    view = np.concatenate([hist_ll, place_ll[framed], actual_ll])
     if not len(view):
         raise ValueError("nothing to draw: the history has no visit and the answer no place with coordinates")
     origin = ((view[:, 0].min() + view[:, 0].max()) / 2, (view[:, 1].min() + view[:, 1].max()) / 2)
@@ -261,9 +263,9 @@ def _draw_panel(
         ax.scatter([], [], marker="*", s=120, c="tab:green", edgecolor="black", label="actual next place")
     drawn_places = np.asarray(discs.get_offsets(), float).reshape(-1, 2)
     centre = _frame(
-        ax, np.concatenate([line.get_xydata(), drawn_places[in_view], star.get_offsets()]), origin, unit_m
+        ax, np.concatenate([line.get_xydata(), drawn_places[framed], star.get_offsets()]), origin, unit_m
     )
-    lines = _place_lines(places, (drawn_places - centre) * unit_m, in_view)
+    lines = _place_lines(places, (drawn_places - centre) * unit_m, framed)
     # the legend and the key go under the map, where they cover nothing
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.08), fontsize=7, frameon=False)
     ax.text(1.0, -0.09, "\n".join(lines), transform=ax.transAxes, fontsize=7, ha="right", va="top")
@@ -278,12 +280,12 @@ def _draw_panel(
         place_sizes=np.asarray(discs.get_sizes(), float),
         probabilities=probabilities,
         actual=np.asarray(star.get_offsets(), float).reshape(-1, 2),
-        in_view=in_view,
+        in_view=framed,
         place_lines=tuple(lines),
     )
 
 
-def _in_view(history: np.ndarray, places: np.ndarray, actual: np.ndarray) -> np.ndarray:
+def in_view(history: np.ndarray, places: np.ndarray, actual: np.ndarray) -> np.ndarray:
     """Which places the view frames: those within :data:`VIEW_REACH` times the reach of the history, the
     actual place and the first place from their centre (at least :data:`MIN_REACH_M`). A far place would
     shrink the history to a dot; it is listed with its distance and direction instead."""
@@ -341,10 +343,14 @@ def _visit_labels(xy: np.ndarray, tolerance: float) -> dict[tuple[float, float],
         point = (float(xy[i, 0]), float(xy[i, 1]))
         spot = next((s for s in numbers if math.dist(s, point) <= tolerance), point)
         numbers.setdefault(spot, []).append(i + 1)
-    return {
-        spot: ",".join(map(str, n)) if len(n) <= 4 else f"{n[0]},{n[1]},…,{n[-1]}"
-        for spot, n in numbers.items()
-    }
+    return {spot: visit_label(n) for spot, n in numbers.items()}
+
+
+def visit_label(numbers: Sequence[int]) -> str:
+    """The label of a spot visited as ``numbers`` (from 1, in order): ``1,3,7``, or ``1,3,…,9`` when more
+    than four (the PNG maps and :mod:`nextloc.webmaps_answers` label visits alike)."""
+    n = list(numbers)
+    return ",".join(map(str, n)) if len(n) <= 4 else f"{n[0]},{n[1]},…,{n[-1]}"
 
 
 def _draw_places(ax: Any, xy: np.ndarray, places: list[Mapping[str, Any]]) -> Any:

@@ -178,9 +178,9 @@ def _experiment_id(mlflow_url: str) -> str:
         return json.loads(response.read())["experiment"]["experiment_id"]
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[object]:
-    """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile; never Selenium Manager."""
+def _chromium(extra_flags: tuple[str, ...] = (), console: bool = False) -> Iterator[object]:
+    """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile; never Selenium Manager.
+    ``console``: keep the page's console log (``driver.get_log("browser")``)."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
     if missing:
         pytest.skip(
@@ -196,8 +196,10 @@ def browser() -> Iterator[object]:
     profile = tempfile.mkdtemp(prefix="nextloc-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in (*CHROME_FLAGS, f"--user-data-dir={profile}"):
+    for flag in (*CHROME_FLAGS, *extra_flags, f"--user-data-dir={profile}"):
         options.add_argument(flag)
+    if console:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(driver_finder.SeleniumManager, "binary_paths", refuse)
         driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
@@ -206,6 +208,26 @@ def browser() -> Iterator[object]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile; never Selenium Manager."""
+    yield from _chromium()
+
+
+#: no network at all: every host name fails to resolve, every request goes to a proxy that is not there
+OFFLINE_FLAGS = (
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--proxy-server=http://127.0.0.1:9",
+    "--proxy-bypass-list=<-loopback>",
+)
+
+
+@pytest.fixture(scope="session")
+def offline_browser() -> Iterator[object]:
+    """:func:`browser` cut off from every network (:data:`OFFLINE_FLAGS`), its console log kept."""
+    yield from _chromium(OFFLINE_FLAGS, console=True)
 
 
 @pytest.fixture(scope="session")
@@ -226,7 +248,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A failed browser test leaves a screenshot of the page it was on (``<test name>-failed.png``)."""
     outcome = yield
     report = outcome.get_result()
-    driver = item.funcargs.get("browser") if hasattr(item, "funcargs") else None
+    funcargs = item.funcargs if hasattr(item, "funcargs") else {}
+    driver = funcargs.get("browser") or funcargs.get("offline_browser")
     if report.when == "call" and report.failed and driver is not None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SCREENSHOTS / f"{item.name}-failed.png"))

@@ -373,6 +373,24 @@ def test_predict_draws_the_answers_on_a_map(store, two_histories, tmp_path):
     assert _png_size(out_png) == (1280, 640)  # two histories: two 640 x 640 panels side by side
 
 
+def test_predict_draws_the_answers_on_a_web_map(store, two_histories, tmp_path):
+    """`nextloc predict --map answers.html`: the JSON answers as without it, and one page with a layer per
+    history (user 73, and user 5555 far away), Leaflet inside it."""
+    from nextloc.webmaps import external_references
+
+    _, uri = store
+    page = tmp_path / "answers.html"
+    args = ("predict", "--model", "markov", "--history", str(two_histories), "-k", "3")
+    with_map = json.loads(nextloc(*args, "--map", str(page), uri=uri).stdout)
+    assert with_map == json.loads(nextloc(*args, uri=uri).stdout)
+    html = page.read_text()
+    assert external_references(html) == []
+    for answer in with_map:
+        assert f"user {answer['user_id']} at {answer['at']}" in html
+        for place in answer["places"]:
+            assert f"probability {place['probability']:.3f}" in html
+
+
 def test_the_map_of_a_real_user_holds_their_visits_and_places(store, sample_dir, tmp_path):
     """User 73's raw fixes answered by the champion: the map draws every visit the model used, in order,
     and the places it named at their coordinates."""
