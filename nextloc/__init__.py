@@ -9,7 +9,8 @@ Stages, in the pipeline's order (each folder's ``__init__`` is its map):
 - :mod:`nextloc.routine`: the user's routine, the kinds that rank it, P(new place).
 - :mod:`nextloc.training`: recipes, the training loop, one kind fitted for one seed.
 - :mod:`nextloc.evaluation`: metrics, scoring a split, the leaderboard, the champion rule.
-- :mod:`nextloc.predict`: a person's visits or fixes to answers; maps of them.
+- :mod:`nextloc.predict`: a person's visits or fixes to answers.
+- :mod:`nextloc.maps`: answers and datasets on maps: offline web pages (Leaflet) and PNGs.
 
 Shared basics stay at the top: :mod:`~nextloc.config` (the typed preprocessing config),
 :mod:`~nextloc.serving` (the registered models' bundle format), :mod:`~nextloc.storage` and

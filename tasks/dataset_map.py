@@ -1,5 +1,5 @@
 """``nextloc map``: a preprocessed data directory's staypoints, locations and shared recordings as a web
-map (:mod:`nextloc.webmaps_dataset`), read through the catalog."""
+map (:mod:`nextloc.maps.dataset`), read through the catalog."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ def draw_dataset_map(data_dir: str | Path, out: Path, user: int | None = None) -
     duplicates) to ``out``, an ``.html`` file; with ``user``, that user's staypoints and moves too.
 
     Raises:
-        ValueError: ``out`` is not ``.html``, or what :func:`nextloc.webmaps_dataset.dataset_page` rejects.
+        ValueError: ``out`` is not ``.html``, or what :func:`nextloc.maps.dataset.dataset_page` rejects.
         FileNotFoundError: the staypoints are missing (the message says how to make them), or Leaflet's
             files (the message names the Debian package).
     """
-    from nextloc.webmaps_dataset import STAYPOINT_COLUMNS, dataset_page
+    from nextloc.maps.dataset import STAYPOINT_COLUMNS, dataset_page
 
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm"):

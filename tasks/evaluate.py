@@ -122,21 +122,21 @@ def predict_registered(
     map_path: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Answers of a registered model for a history file (visits, positionfixes, samples) or JSON text:
-    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict`); with ``map_path``, the
-    answers drawn on a map there: an ``.html`` web map (:func:`nextloc.webmaps_answers.predictions_page`),
-    else the first ones in a PNG (:func:`nextloc.maps.draw_predictions`)."""
+    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict.answer`); with ``map_path``, the
+    answers drawn on a map there: an ``.html`` web map (:func:`nextloc.maps.answers.predictions_page`),
+    else the first ones in a PNG (:func:`nextloc.maps.png.draw_predictions`)."""
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     raw = read_history(history, bundle.preprocess, user_id)
     stamp = parse_time(at, "--at", "at") if at else None
     histories = to_histories(raw, bundle, stamp)
     answers = predict(bundle, histories, k, progress=progress)
     if map_path is not None and Path(map_path).suffix.lower() in (".html", ".htm"):
-        from nextloc.webmaps_answers import predictions_page  # folium: only with a web map
+        from nextloc.maps.answers import predictions_page  # folium: only with a web map
 
         page = predictions_page(histories, answers, bundle.locations, Path(map_path))
         logger.info("web map of %d of %d answers: %s", len(page.layers), len(answers), page.path)
     elif map_path is not None:
-        from nextloc.maps import draw_predictions  # matplotlib: only with a map
+        from nextloc.maps.png import draw_predictions  # matplotlib: only with a map
 
         drawn = draw_predictions(histories, answers, bundle.locations, Path(map_path))
         logger.info("map of the first %d of %d answers: %s", len(drawn.panels), len(answers), drawn.path)
@@ -156,7 +156,7 @@ def champion_maps(
     k: int = 5,
 ) -> list[str]:
     """Draw a champion's answers for the :data:`MAP_USERS` test users with the most test samples (each asked
-    at their last test target, the place they really went drawn as well: :func:`nextloc.predict.maps.map_questions`)
+    at their last test target, the place they really went drawn as well: :func:`nextloc.maps.png.map_questions`)
     and log them to the run that trained it as ``maps/<user_id>.png``.
 
     Logged when the alias moves (:mod:`tasks.promotion`), so every champion has them; a version that never
@@ -165,7 +165,7 @@ def champion_maps(
     Returns:
         the artifact paths logged.
     """
-    from nextloc.predict.maps import draw_answer, map_questions  # matplotlib: only drawing
+    from nextloc.maps.png import draw_answer, map_questions  # matplotlib: only drawing
     from tasks import tracking
 
     bundle = load_registered(kind, version, tracking_uri, experiment)

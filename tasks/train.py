@@ -84,7 +84,9 @@ def train_model_task(
     rerun after a crash continues from the last completed epoch (and is ignored, restarting from scratch,
     if the model, training overrides or data changed); the folder is deleted once the run is fully recorded.
     """
-    from nextloc.training import fit_kind  # torch: only when a model trains (a cached run reads its result back)
+    from nextloc.training import (
+        fit_kind,  # torch: only when a model trains (a cached run reads its result back)
+    )
 
     logger = get_run_logger()
     registry.kind(kind)  # an unknown kind fails here, before any work

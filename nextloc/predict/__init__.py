@@ -4,7 +4,8 @@
 - :mod:`~nextloc.predict.history_reader`: reading what a person sends (visits, raw fixes, samples).
 - :mod:`~nextloc.predict.histories`: visits -> histories in the model's ids, as preprocessing builds them.
 - :mod:`~nextloc.predict.packed`: the bundle's torch side (packed histories for a network).
-- :mod:`~nextloc.predict.maps`: answers on a map (PNG).
+
+Maps of the answers are :mod:`nextloc.maps`.
 
 The registered models' format is :mod:`nextloc.serving`. A model registered before the library was grouped
 in stages imports ``nextloc.predict.predict_visits``: it resolves here, on first use.

@@ -72,7 +72,7 @@ def assert_offline(shown: dict) -> None:
 def test_the_answers_page_shows_each_history_and_place_offline(
     offline_browser, screenshot, web_answer, tmp_path
 ):
-    from nextloc.webmaps_answers import answers_page
+    from nextloc.maps.answers import answers_page
 
     history, answer = web_answer
     second = {**answer, "user_id": 5555, "p_new_place": 0.9}
@@ -117,7 +117,7 @@ def test_the_dataset_page_of_the_sample_shows_a_user_offline(
         capture_output=True,
         timeout=300,
     )
-    from nextloc.webmaps_dataset import STAYPOINT_COLUMNS, dataset_page
+    from nextloc.maps.dataset import STAYPOINT_COLUMNS, dataset_page
     from tasks.dataset_map import LOCATION_COLUMNS  # the page's expected circles, from the library
 
     staypoints = pd.read_parquet(data_dir / "staypoints.parquet", columns=list(STAYPOINT_COLUMNS))
@@ -136,7 +136,7 @@ def test_a_large_dataset_is_clustered_and_loads_quickly(offline_browser, tmp_pat
     import numpy as np
     import pandas as pd
 
-    from nextloc.webmaps_dataset import dataset_page
+    from nextloc.maps.dataset import dataset_page
 
     rng = np.random.default_rng(0)
     n = 30_000

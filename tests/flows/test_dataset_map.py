@@ -20,7 +20,7 @@ def nextloc_map(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def test_nextloc_map_draws_the_sample_and_a_user(preprocessed_copy, tmp_path):
-    from nextloc.webmaps import external_references
+    from nextloc.maps.web import external_references
 
     data_dir = preprocessed_copy(tmp_path / "data")
     sp = pd.read_parquet(data_dir / "staypoints.parquet", columns=["user_id", "raw_location_id"])

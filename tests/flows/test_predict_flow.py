@@ -376,7 +376,7 @@ def test_predict_draws_the_answers_on_a_map(store, two_histories, tmp_path):
 def test_predict_draws_the_answers_on_a_web_map(store, two_histories, tmp_path):
     """`nextloc predict --map answers.html`: the JSON answers as without it, and one page with a layer per
     history (user 73, and user 5555 far away), Leaflet inside it."""
-    from nextloc.webmaps import external_references
+    from nextloc.maps.web import external_references
 
     _, uri = store
     page = tmp_path / "answers.html"
@@ -394,10 +394,10 @@ def test_predict_draws_the_answers_on_a_web_map(store, two_histories, tmp_path):
 def test_the_map_of_a_real_user_holds_their_visits_and_places(store, sample_dir, tmp_path):
     """User 73's raw fixes answered by the champion: the map draws every visit the model used, in order,
     and the places it named at their coordinates."""
+    from nextloc.maps.png import draw_predictions, project
     from nextloc.predict.answer import predict
     from nextloc.predict.histories import to_histories
     from nextloc.predict.history_reader import read_history
-    from nextloc.predict.maps import draw_predictions, project
     from tasks.evaluate import load_registered
 
     _, uri = store

@@ -4,13 +4,13 @@ One page, one layer per history (ticked in the layer control; the first one show
 layer last ticked). A layer holds:
 
 * **the history**: its visits in time order joined by a line; one circle per visited spot, labelled with
-  the spot's visit numbers (``1,3,7``: :func:`nextloc.maps.visit_label`, so labels of visits at one spot
+  the spot's visit numbers (``1,3,7``: :func:`nextloc.maps.png.visit_label`, so labels of visits at one spot
   never print over each other), red where the visit was at a place the model never saw, the latest visit
   with a thick ring; a popup each (visit numbers, times, place);
 * **the answer**: the top-k places as orange circles whose area grows with the probability, labelled
   ``#rank``, a popup each with the rank, probability, visits in the training data and the centre.
 
-The legend gives each history's P(new place). The page is built by :mod:`nextloc.webmaps` (Leaflet
+The legend gives each history's P(new place). The page is built by :mod:`nextloc.maps.web` (Leaflet
 inlined, OpenStreetMap tiles when online). What each layer holds is returned (:class:`WebMap`), so a
 test compares it with what a browser shows.
 """
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nextloc.histories import Histories, history_visits
-from nextloc.maps import in_view, visit_label
-from nextloc.sequences import UNSEEN
+from nextloc.maps.png import in_view, visit_label
+from nextloc.predict.histories import Histories, history_visits
+from nextloc.preprocessing.sequences import UNSEEN
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def predictions_page(
     path: Path,
     limit: int = MAX_LAYERS,
 ) -> WebMap:
-    """The first ``limit`` answers of :func:`nextloc.predict.predict` on their histories, one layer each."""
+    """The first ``limit`` answers of :func:`nextloc.predict.answer.predict` on their histories, one layer each."""
     if len(answers) > limit:
         logger.info("the web map draws the first %d of %d answers", limit, len(answers))
     items = [(history_visits(histories, i, locations), answers[i]) for i in range(min(limit, len(answers)))]
@@ -88,15 +88,15 @@ def answers_page(items: Sequence[tuple[pd.DataFrame, Mapping[str, Any]]], path: 
 
     Args:
         items: each history (``latitude``, ``longitude``, optional ``place`` (``1``: a place the model never
-            saw) and ``started_at``: :func:`nextloc.histories.history_visits`) and its answer
-            (:func:`nextloc.predict.predict`).
+            saw) and ``started_at``: :func:`nextloc.predict.histories.history_visits`) and its answer
+            (:func:`nextloc.predict.answer.predict`).
         path: the ``.html`` file to write.
 
     Raises:
         ValueError: no answer, or nothing to draw (no visit and no place with coordinates).
-        FileNotFoundError: Leaflet's files are missing (:func:`nextloc.webmaps.inline_assets`).
+        FileNotFoundError: Leaflet's files are missing (:func:`nextloc.maps.web.inline_assets`).
     """
-    from nextloc.webmaps import add_legend, new_map, write_page
+    from nextloc.maps.web import add_legend, new_map, write_page
 
     if not items:
         raise ValueError("no answer to draw")
@@ -117,7 +117,7 @@ def answers_page(items: Sequence[tuple[pd.DataFrame, Mapping[str, Any]]], path: 
 
 def _bounds(history: pd.DataFrame, answer: Mapping[str, Any]) -> list[list[float]] | None:
     """``[[south, west], [north, east]]`` of a history and the places the PNG maps would frame
-    (:func:`nextloc.maps.in_view`: a place far away would shrink the history to a dot)."""
+    (:func:`nextloc.maps.png.in_view`: a place far away would shrink the history to a dot)."""
     visits = history[["latitude", "longitude"]].to_numpy(float).reshape(-1, 2)
     places = _places(answer)
     place_ll = np.array([[p["latitude"], p["longitude"]] for p in places], float).reshape(-1, 2)
@@ -183,7 +183,7 @@ def _spots(history: pd.DataFrame) -> list[_Spot]:
 def _add_spot(group: Any, spot: _Spot, n_visits: int) -> None:
     import folium
 
-    from nextloc.webmaps import add_popup
+    from nextloc.maps.web import add_popup
 
     latest = spot.numbers[-1] == n_visits
     colour = NEW_VISIT if spot.new else VISIT
@@ -211,7 +211,7 @@ def _add_spot(group: Any, spot: _Spot, n_visits: int) -> None:
 def _add_place(group: Any, place: Mapping[str, Any]) -> None:
     import folium
 
-    from nextloc.webmaps import add_popup
+    from nextloc.maps.web import add_popup
 
     probability = float(place["probability"])
     marker = folium.CircleMarker(

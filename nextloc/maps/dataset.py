@@ -7,14 +7,14 @@ Layers (each in the layer control):
   says how many users visit it (:data:`USER_COLOURS`); at the vocabulary's centre where the model knows the
   place, else at its staypoints' mean. A popup each: ids, visits, users, centre.
 * **Staypoints several users hold** (hidden at first): the recordings GeoLife keeps under two users
-  (:mod:`nextloc.duplicates`: same start, end and place), one circle per shared staypoint naming its holders;
-  the legend lists the user pairs of the ingest report (:func:`nextloc.duplicates.describe_pairs`).
+  (:mod:`nextloc.raw.duplicates`: same start, end and place), one circle per shared staypoint naming its holders;
+  the legend lists the user pairs of the ingest report (:func:`nextloc.raw.duplicates.describe_pairs`).
 * With a user: **their staypoints** in time order (colour by split; a thick magenta ring where another user
   holds the same staypoint) and **their moves**, the line between consecutive staypoints.
 
 Large data stays responsive: a layer of more than :data:`CLUSTER_ABOVE` circles is clustered
 (Leaflet.markercluster), and circles are drawn on a canvas; each layer is one data array and a loop
-(:func:`nextloc.webmaps.point_layer`), not a script block per circle.
+(:func:`nextloc.maps.web.point_layer`), not a script block per circle.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nextloc.duplicates import STAYPOINT_KEY, describe_pairs
-from nextloc.webmaps import Point
+from nextloc.maps.web import Point
+from nextloc.raw.duplicates import STAYPOINT_KEY, describe_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _user_points(visits: pd.DataFrame, holders: pd.Series) -> list[Point]:
 def _bounds(latitude: np.ndarray, longitude: np.ndarray) -> list[list[float]]:
     """The view: the points within :data:`VIEW_RADIUS_M` of their median (GeoLife has trips abroad that would
     zoom out to the world; they stay on the map, outside the first view), or all when that leaves none."""
-    from nextloc.maps import project
+    from nextloc.maps.png import project
 
     ok = np.isfinite(latitude) & np.isfinite(longitude)
     lat, lon = latitude[ok], longitude[ok]
@@ -208,7 +208,7 @@ def dataset_page(
     Args:
         staypoints: the final staypoints (:data:`STAYPOINT_COLUMNS`).
         locations: the location vocabulary (``loc_index``, ``raw_location_id``, centre), or None.
-        duplicates: the ingest report's ``duplicates`` section (:func:`nextloc.duplicates.duplicate_report`),
+        duplicates: the ingest report's ``duplicates`` section (:func:`nextloc.raw.duplicates.duplicate_report`),
             or None.
         path: the ``.html`` file.
         user: draw this user's staypoints and moves too.
@@ -217,7 +217,7 @@ def dataset_page(
     Raises:
         ValueError: a missing column, no staypoint, or a user without staypoints.
     """
-    from nextloc.webmaps import new_map, point_layer, write_page
+    from nextloc.maps.web import new_map, point_layer, write_page
 
     _check(staypoints, source)
     if staypoints.empty:
@@ -274,7 +274,7 @@ def _finish(
     """The layer control and the legend: counts, the colour key, the users sharing recordings."""
     import folium
 
-    from nextloc.webmaps import add_legend
+    from nextloc.maps.web import add_legend
 
     folium.LayerControl(collapsed=False).add_to(fmap)
     key = " ".join(

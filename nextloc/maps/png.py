@@ -348,7 +348,7 @@ def _visit_labels(xy: np.ndarray, tolerance: float) -> dict[tuple[float, float],
 
 def visit_label(numbers: Sequence[int]) -> str:
     """The label of a spot visited as ``numbers`` (from 1, in order): ``1,3,7``, or ``1,3,…,9`` when more
-    than four (the PNG maps and :mod:`nextloc.webmaps_answers` label visits alike)."""
+    than four (the PNG maps and :mod:`nextloc.maps.answers` label visits alike)."""
     n = list(numbers)
     return ",".join(map(str, n)) if len(n) <= 4 else f"{n[0]},{n[1]},…,{n[-1]}"
 

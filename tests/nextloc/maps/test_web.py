@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nextloc import webmaps
-from nextloc.webmaps import external_references
+from nextloc.maps import web as webmaps
+from nextloc.maps.web import external_references
 
 TILE_HOST = "tile.openstreetmap.org"
 
@@ -41,7 +41,7 @@ def test_external_references_finds_what_a_browser_would_fetch():
 
 
 def test_the_answers_page_holds_leaflet_and_a_layer_per_history(leaflet, tmp_path, web_answer):
-    from nextloc.webmaps_answers import answers_page
+    from nextloc.maps.answers import answers_page
 
     history, answer = web_answer
     second = {**answer, "user_id": 5555, "history_id": "a<b", "p_new_place": None}
@@ -66,7 +66,7 @@ def test_the_answers_page_holds_leaflet_and_a_layer_per_history(leaflet, tmp_pat
 
 
 def test_nothing_to_draw_is_an_error(leaflet, tmp_path, web_answer):
-    from nextloc.webmaps_answers import answers_page
+    from nextloc.maps.answers import answers_page
 
     history, answer = web_answer
     with pytest.raises(ValueError, match="no answer"):
@@ -76,7 +76,7 @@ def test_nothing_to_draw_is_an_error(leaflet, tmp_path, web_answer):
 
 
 def test_a_missing_leaflet_names_the_package_and_writes_nothing(tmp_path, monkeypatch, web_answer):
-    from nextloc.webmaps_answers import answers_page
+    from nextloc.maps.answers import answers_page
 
     monkeypatch.setenv(webmaps.LEAFLET_DIR_ENV, str(tmp_path / "empty"))
     history, answer = web_answer
@@ -106,7 +106,7 @@ def dataset(n_users: int = 3, per_user: int = 6, seed: int = 0) -> pd.DataFrame:
 
 
 def test_location_summary_counts_visits_and_users_at_the_vocabulary_centre():
-    from nextloc.webmaps_dataset import location_summary
+    from nextloc.maps.dataset import location_summary
 
     sp = dataset()
     vocab = pd.DataFrame({"loc_index": [2], "raw_location_id": [0], "latitude": [1.5], "longitude": [2.5]})
@@ -121,7 +121,7 @@ def test_location_summary_counts_visits_and_users_at_the_vocabulary_centre():
 
 
 def test_the_dataset_page_draws_locations_shared_staypoints_and_a_user(leaflet, tmp_path):
-    from nextloc.webmaps_dataset import dataset_page
+    from nextloc.maps.dataset import dataset_page
 
     sp = dataset()
     duplicates = {
@@ -145,7 +145,7 @@ def test_the_dataset_page_draws_locations_shared_staypoints_and_a_user(leaflet, 
 
 
 def test_large_layers_are_clustered(leaflet, tmp_path, monkeypatch):
-    from nextloc import webmaps_dataset
+    from nextloc.maps import dataset as webmaps_dataset
 
     monkeypatch.setattr(webmaps_dataset, "CLUSTER_ABOVE", 5)
     sp = dataset(n_users=4, per_user=8)
@@ -160,7 +160,7 @@ def test_large_layers_are_clustered(leaflet, tmp_path, monkeypatch):
 
 
 def test_bad_dataset_input_is_named(leaflet, tmp_path):
-    from nextloc.webmaps_dataset import dataset_page
+    from nextloc.maps.dataset import dataset_page
 
     sp = dataset()
     with pytest.raises(ValueError, match=r"data/x: the staypoints have no column\(s\) \['latitude'\]"):
@@ -171,7 +171,7 @@ def test_bad_dataset_input_is_named(leaflet, tmp_path):
 
 def test_answering_without_a_web_map_imports_no_folium():
     code = (
-        "import sys; import nextloc.predict, nextloc.maps, tasks.evaluate, tasks.dataset_map, flows.cli; "
+        "import sys; import nextloc.predict.answer, nextloc.maps.png, tasks.evaluate, tasks.dataset_map, flows.cli; "
         "print([m for m in ('folium', 'branca') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

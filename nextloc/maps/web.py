@@ -1,7 +1,7 @@
 """Web maps: Leaflet pages (through folium) that work offline apart from the map tiles.
 
-The building blocks of :mod:`nextloc.webmaps_answers` (``nextloc predict --map answers.html``) and
-:mod:`nextloc.webmaps_dataset` (``nextloc map``).
+The building blocks of :mod:`nextloc.maps.answers` (``nextloc predict --map answers.html``) and
+:mod:`nextloc.maps.dataset` (``nextloc map``).
 
 Decisions:
 

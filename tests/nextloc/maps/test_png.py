@@ -1,4 +1,4 @@
-"""Answers on a map (:mod:`nextloc.predict.maps`): what is drawn is read back from the figure's artists and compared
+"""Answers on a map (:mod:`nextloc.maps.png`): what is drawn is read back from the figure's artists and compared
 with the history and the answer; the PNG is checked as a PNG of the expected size. The histories come from
 the real encoder (:func:`nextloc.predict.histories.encode_visits`) with a small real bundle (most-frequent baseline,
 three places in Beijing); the choice of test users for a champion's maps is checked on small frames."""
@@ -14,10 +14,7 @@ import pytest
 
 from nextloc.config import PreprocessConfig
 from nextloc.io.visits import validate_visits
-from nextloc.models.baselines import BaselineModule, MostFrequentBaseline
-from nextloc.predict.answer import predict
-from nextloc.predict.histories import encode_visits, history_visits, sample_histories
-from nextloc.predict.maps import (
+from nextloc.maps.png import (
     EARTH_RADIUS_M,
     draw_answer,
     draw_answers,
@@ -25,6 +22,9 @@ from nextloc.predict.maps import (
     map_questions,
     project,
 )
+from nextloc.models.baselines import BaselineModule, MostFrequentBaseline
+from nextloc.predict.answer import predict
+from nextloc.predict.histories import encode_visits, history_visits, sample_histories
 from nextloc.predict.packed import PackedScorer
 from nextloc.routine.novelty import NewPlaceHead
 from nextloc.serving import ModelBundle
