@@ -24,7 +24,8 @@ already in the model's ids.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -56,17 +57,23 @@ class Histories:
             kinds: ``history``, ``started_at``, ``finished_at``, ``place`` (encoded), ``raw_place``; None
             for histories that were never visits (a samples table).
         at: ``(B,)`` each question's time (UTC), with ``visits``.
-        window: the visits each packed row holds, in order (what a map of the answer draws,
-            :func:`history_visits`): ``history``, ``started_at``, ``place`` (``1``: a new place),
-            ``latitude``, ``longitude`` (the request's own coordinates of the first visit merged into it);
-            None for histories that were never visits.
+        windowed: the visits each packed row holds, as arrays (None for histories that were never
+            visits); :attr:`window` is their table, built when a map asks for it, not at every answer.
     """
 
     packed: np.ndarray
     meta: pd.DataFrame
     visits: pd.DataFrame | None = None
     at: pd.Series | None = None
-    window: pd.DataFrame | None = None
+    windowed: _Stays | None = field(default=None, repr=False)
+
+    @cached_property
+    def window(self) -> pd.DataFrame | None:
+        """The visits each packed row holds, in order (what a map of the answer draws,
+        :func:`history_visits`): ``history``, ``started_at``, ``place`` (``1``: a new place), ``latitude``,
+        ``longitude`` (the request's own coordinates of the first visit merged into it); None for
+        histories that were never visits."""
+        return None if self.windowed is None else _window_visits(self.windowed)
 
 
 def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | None = None) -> Histories:
@@ -122,7 +129,7 @@ def encode_visits(visits: pd.DataFrame, bundle: ModelBundle, at: pd.Timestamp | 
         int(meta["new_place_visits"].sum()),
         int((~meta["known_user"]).sum()),
     )
-    return Histories(packed, meta, request, pd.Series(at_utc), _window_visits(stays))
+    return Histories(packed, meta, request, pd.Series(at_utc), stays)
 
 
 @dataclass(frozen=True)

@@ -76,20 +76,27 @@ class EventCounts:
         self.cumsum = np.concatenate([[0.0], np.cumsum(weights)])
         self.base = base if isinstance(base, Snapshot) else Snapshot.from_frame(base)
 
-    def _bounds(self, keys: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.asarray(keys, dtype=np.int64)
+    def _bounds(
+        self, keys: np.ndarray, times: np.ndarray, cutoff: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Each key's events as positions ``lo:hi`` (those before ``times``) and ``lo:below`` (before
+        ``cutoff``, None without one): the key's place is searched once for both."""
         if not len(self.keys):
             empty = np.zeros(len(keys), dtype=np.int64)
-            return empty, empty
+            return empty, empty, None if cutoff is None else empty
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
         found = self.keys[pos] == keys
-        rel = np.clip(np.asarray(times, dtype=np.int64) - self.t0, 0, self.span - 1)
-        lo = np.searchsorted(self.code, pos * self.span, side="left")
-        hi = np.searchsorted(self.code, pos * self.span + rel, side="left")
-        return lo, np.where(found, hi, lo)
+        first = pos * self.span
+        lo = np.searchsorted(self.code, first, side="left")
+
+        def before(at: np.ndarray) -> np.ndarray:
+            rel = np.minimum(np.maximum(np.asarray(at, dtype=np.int64) - self.t0, 0), self.span - 1)
+            return np.where(found, np.searchsorted(self.code, first + rel, side="left"), lo)
+
+        return lo, before(times), None if cutoff is None else before(cutoff)
 
     def _base(self, keys: np.ndarray, column: str, missing: float) -> np.ndarray:
-        return self.base.lookup(np.asarray(keys, dtype=np.int64), column, missing)
+        return self.base.lookup(keys, column, missing)
 
     def count(self, keys: np.ndarray, times: np.ndarray, cutoff: np.ndarray | None = None) -> np.ndarray:
         """``(N,)`` float64: events of each key that started strictly before its time, plus the base's.
@@ -97,25 +104,26 @@ class EventCounts:
         ``cutoff`` (per key): the events before it are taken to be in the base already and are not added
         again; they still tell a count before ``times`` from one before an earlier time (a window).
         """
-        lo, hi = self._bounds(keys, times)
+        keys = np.asarray(keys, dtype=np.int64)
+        lo, hi, below = self._bounds(keys, times, cutoff)
         out = (hi - lo) + self._base(keys, "count", 0.0)
-        if cutoff is not None:
-            lo, hi = self._bounds(keys, cutoff)
-            out -= hi - lo
+        if below is not None:
+            out -= below - lo
         return out
 
     def total(self, keys: np.ndarray, times: np.ndarray, cutoff: np.ndarray | None = None) -> np.ndarray:
         """``(N,)`` float64: the summed values of those events (``cutoff`` as in :meth:`count`)."""
-        lo, hi = self._bounds(keys, times)
+        keys = np.asarray(keys, dtype=np.int64)
+        lo, hi, below = self._bounds(keys, times, cutoff)
         out = self.cumsum[hi] - self.cumsum[lo] + self._base(keys, "total", 0.0)
-        if cutoff is not None:
-            lo, hi = self._bounds(keys, cutoff)
-            out -= self.cumsum[hi] - self.cumsum[lo]
+        if below is not None:
+            out -= self.cumsum[below] - self.cumsum[lo]
         return out
 
     def last(self, keys: np.ndarray, times: np.ndarray) -> np.ndarray:
         """``(N,)`` float64: the time of the latest of those events (NaN: none)."""
-        lo, hi = self._bounds(keys, times)
+        keys = np.asarray(keys, dtype=np.int64)
+        lo, hi, _ = self._bounds(keys, times)
         out = self._base(keys, "last", np.nan)
         has = hi > lo
         out[has] = self.times[hi[has] - 1]

@@ -334,6 +334,29 @@ def test_time_features_window_and_cap() -> None:
     ]
 
 
+def test_the_window_table_is_built_when_asked_for() -> None:
+    """An answer needs the packed rows only: the window's table (what a map draws) waits for a map, then is
+    built once; its rows are the packed visits with the request's own coordinates."""
+    bundle = small_bundle()
+    rows = visits(
+        [
+            (153, "2008-10-01T01:00:00Z", "2008-10-01T09:00:00Z", north(30)),  # 20 days before: outside
+            (153, "2008-10-20T01:00:00Z", "2008-10-20T09:00:00Z", north(30)),
+            (153, "2008-10-20T10:00:00Z", "2008-10-20T11:00:00Z", north(5000)),
+        ]
+    )
+    histories = encode_visits(validate_visits(rows), bundle)
+    assert "window" not in vars(histories)  # not built by encode_visits
+    window = histories.window
+    assert histories.window is window
+    assert window.columns.tolist() == ["history", "started_at", "place", "latitude", "longitude"]
+    assert window["place"].tolist() == histories.packed[0, :, 0].tolist() == [2, UNSEEN]
+    assert window["latitude"].tolist() == [north(30)[0], north(5000)[0]]
+    assert window["started_at"].tolist() == [
+        pd.Timestamp(t) for t in ("2008-10-20T01:00Z", "2008-10-20T10:00Z")
+    ]
+
+
 def test_an_unknown_user_is_said_so() -> None:
     bundle = small_bundle()
     rows = visits([(42, *DAY1[0][1:])])
