@@ -37,7 +37,7 @@ from services import local_api  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-PREFECT_DB = REPO / ".prefect" / "prefect.db"  # PREFECT_HOME=./.prefect (flows.cli.configure_environment)
+PREFECT_DB = REPO / ".prefect" / "prefect.db"  # PREFECT_HOME=./.prefect (flows.configure_environment)
 API_LOG = REPO / ".prefect" / local_api.LOG
 #: What the Makefile exports for `make run`.
 MAKE_ENV = {

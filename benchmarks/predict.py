@@ -104,7 +104,7 @@ def _env() -> dict[str, str]:
 
 def _cli(args: argparse.Namespace, *command: str) -> list[str]:
     store = ["--tracking-uri", args.tracking_uri, "--experiment", args.experiment]
-    return [sys.executable, "-m", "flows.cli", *command, *store]
+    return [sys.executable, "-m", "commands.main", *command, *store]
 
 
 def cold_predict(args: argparse.Namespace, history: Path) -> dict[str, Any]:

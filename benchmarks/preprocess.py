@@ -114,7 +114,7 @@ def _without_bytecode_switch(environ: Mapping[str, str]) -> dict[str, str]:
 
 def _worker(raw: Path, data_dir: Path) -> int:
     """Runs inside the measured subprocess: the preprocess flow, timed on its own."""
-    from flows.cli import configure_environment
+    from flows import configure_environment
 
     configure_environment(REPO)
     from prefect import flow

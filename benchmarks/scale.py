@@ -193,7 +193,7 @@ def _generate(size: float, out: Path, quick: bool) -> int:
 
 def _preprocess(data_dir: Path, runner: str, dask_workers: int, dbscan_tiles: int) -> int:
     """Worker: the preprocess flow on the size's parquet file; prints the flow's stage spans."""
-    from flows.cli import configure_environment
+    from flows import configure_environment
 
     configure_environment(REPO)
     from prefect import flow

@@ -29,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from flows.cli import configure_environment
+from flows import configure_environment
 from services.layout import WORK_POOL
 
 RETRAIN_CRON = os.environ.get("NEXTLOC_RETRAIN_CRON", "17 * * * *")

@@ -6,7 +6,7 @@ Each such place is a function here, checked against the version range it was wri
 without the shortcut; a warning names the shim) or fails loudly where a silent difference would change
 results; each docstring says which. ``tests/tasks/test_compat.py`` tests every shim in and out of range.
 
-This module imports only the standard library at import time: ``flows.cli`` imports it before Prefect is
+This module imports only the standard library at import time: ``commands.main`` imports it before Prefect is
 loaded, and the version checks read package metadata only when a shim is called.
 """
 

@@ -242,7 +242,7 @@ def web_answer() -> tuple[pd.DataFrame, dict]:
     return history, answer
 
 
-#: What routes a command to a server: a test that runs ``nextloc`` in-process (``flows.cli.main``) may set
+#: What routes a command to a server: a test that runs ``nextloc`` in-process (``commands.main.main``) may set
 #: them for the process, as the command does; the next test starts without them.
 ROUTING_ENV = ("NEXTLOC_", "MLFLOW_", "PREFECT_API_URL", "PREFECT_UI_URL")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("nextloc", "tasks", "flows", "services")
+PACKAGES = ("nextloc", "tasks", "flows", "services", "commands")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 500
 # MLflow is called from the tracking layer and from the models-from-code file MLflow logs as the model
@@ -136,3 +136,13 @@ def test_the_library_tests_mirror_its_folders() -> None:
     loose = {p.stem.removeprefix("test_") for p in (REPO / "tests" / "nextloc").glob("test_*.py")}
     assert loose <= top | {"boundaries"}, sorted(loose - top)
     assert len(top) <= 12, f"{len(top)} modules at nextloc's top: {sorted(top)}"
+
+
+def test_flows_hold_flows_only() -> None:
+    """The command line lives in ``commands/``: no argument parsing in ``flows/``."""
+    parsers = [
+        _name(p)
+        for p in (REPO / "flows").rglob("*.py")
+        if re.search(r"^\s*import argparse", p.read_text(), re.M)
+    ]
+    assert not parsers, parsers

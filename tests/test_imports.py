@@ -20,4 +20,4 @@ def test_the_registry_metrics_and_board_import_no_torch():
 
 
 def test_the_flows_and_the_train_task_import_no_torch():
-    _imports_torch("flows.cli, flows.pipeline, flows.train, flows.preprocess, tasks.train")
+    _imports_torch("commands.main, flows.pipeline, flows.train, flows.preprocess, tasks.train")

@@ -103,7 +103,7 @@ def test_the_dataset_page_of_the_sample_shows_a_user_offline(
         [
             sys.executable,
             "-m",
-            "flows.cli",
+            "commands.main",
             "map",
             "--data-dir",
             str(data_dir),

@@ -1,8 +1,8 @@
-"""Tests for the ``nextloc`` command line (:mod:`flows.cli`), without running any preprocessing.
+"""Tests for the ``nextloc`` command line (:mod:`commands.main`), without running any preprocessing.
 
 Error paths run the real command in a subprocess and check that it stops before any work: exit code 2,
 a message naming the bad key, no output folder, no Prefect state folder and no Prefect import. The
-config-plumbing tests call :func:`flows.cli.main` in-process with the preprocess flow replaced by a stub.
+config-plumbing tests call :func:`commands.main.main` in-process with the preprocess flow replaced by a stub.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from flows import cli
+from commands import main as cli
 from nextloc.config import PreprocessConfig, flatten
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,11 +27,11 @@ COMMANDS = ("preprocess", "run", "download")
 
 
 def nextloc(*args: str, prefect_home: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m flows.cli ARGS`` from the repository root."""
+    """Run ``python -m commands.main ARGS`` from the repository root."""
     env = {**os.environ, "COLUMNS": "250", "PREFECT_HOME": str(prefect_home), "NO_COLOR": "1"}
     env.pop("NEXTLOC_GEOLIFE_DIR", None)
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "commands.main", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -279,7 +279,7 @@ class TestBadConfig:
         """The config is checked before the flow (and so Prefect) is even imported."""
         code = (
             "import json, sys\n"
-            "from flows.cli import main\n"
+            "from commands.main import main\n"
             f"rc = main(['preprocess', '--raw-dir', {str(dirs.raw)!r}, '--data-dir', {str(dirs.out)!r},"
             " '--set', 'nope=1'])\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'mlflow', 'torch')"

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def nextloc_map(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "flows.cli", "map", *args]
+    cmd = [sys.executable, "-m", "commands.main", "map", *args]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=check, timeout=300)
 
 

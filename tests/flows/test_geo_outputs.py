@@ -82,7 +82,7 @@ class TestGeoParquetOutputs:
 
 
 def _export(data_dir: Path, out: Path, fmt: str) -> dict:
-    from flows import cli
+    from commands import main as cli
 
     rc = cli.main(["export", "--to", "trackintel", str(out), "--data-dir", str(data_dir), "--format", fmt])
     assert rc == 0

@@ -113,7 +113,7 @@ def test_diy_profile_end_to_end(tmp_path, monkeypatch):
     DIY quality filter, the profile's protocol reaches the dataset, and markov is trained and registered."""
     import json
 
-    from flows import cli
+    from commands import main as cli
     from nextloc.synth import SynthConfig, generate
 
     raw = tmp_path / "visits.parquet"

@@ -82,7 +82,7 @@ def two_histories(store, tmp_path_factory) -> Path:
 
 
 def nextloc(*args: str, uri: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "flows.cli", *args, "--tracking-uri", uri, "--experiment", "test"]
+    cmd = [sys.executable, "-m", "commands.main", *args, "--tracking-uri", uri, "--experiment", "test"]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=check, timeout=300)
 
 

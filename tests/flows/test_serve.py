@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from flows import cli, serve
+from commands import main as cli
+from flows import serve
 from nextloc.config import PreprocessConfig
 from nextloc.profiles import PROFILE_DIR, PROFILE_DIR_ENV
 

@@ -180,7 +180,7 @@ def test_predict_round_trip(trained, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "flows.cli",
+        "commands.main",
         "predict",
         "--model",
         "pointer_plus",
@@ -241,7 +241,7 @@ def test_changed_model_parameter_retrains_only_that_model(trained):
 def test_compare_leads_with_place_metrics(trained):
     """`nextloc compare` prints the place table first, then P(new place), then the reference metrics."""
     _, uri, _, _ = trained
-    cmd = [sys.executable, "-m", "flows.cli", "compare", "--tracking-uri", uri, "--experiment", "test"]
+    cmd = [sys.executable, "-m", "commands.main", "compare", "--tracking-uri", uri, "--experiment", "test"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True).stdout
     place, new, reference = (out.index(t) for t in ("place metrics", "P(new place)", "reference protocol"))
     assert place < new < reference
@@ -302,7 +302,7 @@ def test_a_seed_trains_to_the_same_bits_with_any_number_of_workers(trained, tmp_
         env = {k: v for k, v in os.environ.items() if k not in ("NEXTLOC_TORCH_THREADS", "PREFECT_API_URL")}
         env["NEXTLOC_PROGRESS"] = "0"
         done = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "train", "--data-dir", str(data_dir), "--model", "mhsa"]
+            [sys.executable, "-m", "commands.main", "train", "--data-dir", str(data_dir), "--model", "mhsa"]
             + ["--seeds", "0", "--workers", str(workers), "--device", "cpu"]
             + ["--train-set", "max_epochs=2", "--train-set", "min_epochs=0"]
             + ["--tracking-uri", f"sqlite:///{tmp_path / f'mlflow{workers}.db'}"],

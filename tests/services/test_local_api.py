@@ -207,7 +207,16 @@ def test_commands_share_the_local_api_and_leave_it_running(sample_dir: Path, tmp
     env = {k: v for k, v in os.environ.items() if k not in {"PREFECT_API_URL", "MLFLOW_TRACKING_URI"}}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), COLUMNS="250", NO_COLOR="1", NEXTLOC_PROGRESS="0")
     env.update(PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "flows.cli", "run", "--raw-dir", str(sample_dir), "--model", "markov"]
+    command = [
+        sys.executable,
+        "-m",
+        "commands.main",
+        "run",
+        "--raw-dir",
+        str(sample_dir),
+        "--model",
+        "markov",
+    ]
     urls = []
     for how in ("started", "running"):
         result = subprocess.run(
@@ -230,7 +239,7 @@ def test_commands_share_the_local_api_and_leave_it_running(sample_dir: Path, tmp
     assert _get(f"{urls[0]}/health") == 200
     assert (tmp_path / "out" / "results" / "markov" / "seed0" / "results.json").is_file()
     stop = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "services", "stop"],
+        [sys.executable, "-m", "commands.main", "services", "stop"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -160,7 +160,7 @@ def test_postgres_backs_prefect_and_mlflow(pg_services):
 
 def test_nextloc_run_reports_to_running_services(pg_services, monkeypatch):
     """With PREFECT_API_URL set, a command run by hand tracks into the services' MLflow store."""
-    from flows import cli
+    from commands import main as cli
 
     root, env = pg_services
     monkeypatch.chdir(root)

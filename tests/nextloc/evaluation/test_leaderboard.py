@@ -99,7 +99,7 @@ def test_summary_markdown_is_the_recorded_text(sample: dict[str, Any]) -> None:
 
 
 def test_terminal_tables_are_what_the_cli_printed(sample: dict[str, Any]) -> None:
-    """The text ``flows/cli.py:_print_leaderboard`` printed for this board (recorded, 150 columns)."""
+    """The text ``commands/main.py:_print_leaderboard`` printed for this board (recorded, 150 columns)."""
     out = io.StringIO()
     print_terminal(
         build_leaderboard(sample["leaderboard"]), "MLflow parent run abc", Console(file=out, width=150)

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from flows import OFFLINE_DEFAULTS
-from flows.cli_args import (
+from commands.args import (
     SUBCOMMANDS,
     check_raw_dir,
     config_from_args,
@@ -25,27 +24,11 @@ from flows.cli_args import (
     input_options,
     parse_value,
 )
+from flows import configure_environment
 from services import local_api
 from tasks import compat
 
 log = logging.getLogger("nextloc.cli")
-
-
-def configure_environment(project_dir: Path | None = None) -> None:
-    """Set the embedded defaults (only where the user has not chosen otherwise); call before importing prefect."""
-    root = project_dir or Path.cwd()
-    defaults = {
-        **OFFLINE_DEFAULTS,
-        "PREFECT_HOME": str(root / ".prefect"),
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-        "PREFECT_LOGGING_EXTRA_LOGGERS": "nextloc",
-        "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        "PREFECT_LOGGING_LEVEL": "INFO",
-    }
-    for key, value in defaults.items():
-        os.environ.setdefault(key, value)
-    logging.getLogger("nextloc").setLevel(logging.INFO)
 
 
 def entry() -> NoReturn:
