@@ -52,6 +52,19 @@ class DataRef:
 
 
 @dataclass(frozen=True)
+class _Run:
+    """One training run being recorded: its MLflow run, its folder, the kind and seed, what it trained on."""
+
+    run_id: str
+    run_dir: Path
+    kind: str
+    seed: int
+    meta: dict[str, Any]
+    catalog: Catalog
+    data: DataRef
+
+
+@dataclass(frozen=True)
 class TrackingConfig:
     """Where runs go."""
 
@@ -123,7 +136,7 @@ def train_model_task(
         evaluation = fitted.evaluate(splits)
         evaluation.test_copied = copied_samples(catalog.staypoints, splits["test"].table)
         results_json = _results_json(fitted, evaluation, time.perf_counter() - started, run_id)
-        _record(run_id, run_dir, fitted, evaluation, kind, seed, meta, catalog, data, results_json)
+        _record(_Run(run_id, run_dir, kind, seed, meta, catalog, data), fitted, evaluation, results_json)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
     logger.info(
         "%s seed %d: test place acc@1 %.2f place mrr %.2f new-place AUC %.1f (acc@1 %.2f mrr %.2f; selected epoch %s)",
@@ -156,18 +169,7 @@ def _results_json(fitted: FittedKind, evaluation: Evaluation, seconds: float, ru
     }
 
 
-def _record(
-    run_id,
-    run_dir: Path,
-    fitted: FittedKind,
-    evaluation: Evaluation,
-    kind,
-    seed,
-    meta,
-    catalog: Catalog,
-    data,
-    results_json,
-):
+def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json: dict[str, Any]) -> None:
     """Write the run's files, log them, register the bundle, log the test metrics linked to it and describe
     its version; ``results_json`` gains the model URI, the registered version and whether the bundle holds
     the users' profile.
@@ -175,21 +177,22 @@ def _record(
     The metrics come after the model: MLflow links a run's step-0 metrics to a model logged after them by
     inserting them again, which a database store answers with a duplicate-key error (``metric_pk``).
     """
+    run_dir, catalog = run.run_dir, run.catalog
     write_json(results_json, run_dir / "results.json")
     write_json(evaluation.head.to_dict(), run_dir / "new_place_head.json")
     write_parquet(evaluation.per_sample(), run_dir / "test_per_sample.parquet")
     write_with(lambda tmp: evaluation.per_user.to_csv(tmp, index=False), run_dir / "per_user.csv")
-    _log_artifacts(run_id, run_dir, fitted, evaluation, kind, seed)
+    _log_artifacts(run, fitted, evaluation)
     for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
         if catalog.vocabulary(vocab).is_file():
-            tracking.log_file_artifact(run_id, catalog.vocabulary(vocab), "vocabulary")
+            tracking.log_file_artifact(run.run_id, catalog.vocabulary(vocab), "vocabulary")
     profile = fitted.profile
-    model_uri, version, model_id = _log_bundle(kind, fitted.model, meta, evaluation, catalog, profile)
+    model_uri, version, model_id = _log_bundle(run.kind, fitted.model, run.meta, evaluation, catalog, profile)
     tracking.log_run_metrics(_flat_metrics(fitted, evaluation), model_id=model_id)
     results_json.update(
         {"model_uri": model_uri, "registered_version": version, "holds_profile": profile is not None}
     )
-    versions.describe_version(kind, version, seed, data.fingerprint, results_json)
+    versions.describe_version(run.kind, version, run.seed, run.data.fingerprint, results_json)
     write_json(results_json, run_dir / "results.json")
 
 
@@ -238,9 +241,8 @@ def _flat_metrics(fitted: FittedKind, evaluation: Evaluation) -> dict[str, float
     return {k: v for k, v in flat.items() if v == v}  # NaN (e.g. an undefined AUC) is not logged
 
 
-def _log_artifacts(
-    run_id: str, run_dir: Path, fitted: FittedKind, evaluation: Evaluation, kind: str, seed: int
-) -> None:
+def _log_artifacts(run: _Run, fitted: FittedKind, evaluation: Evaluation) -> None:
+    run_id, run_dir, kind, seed = run.run_id, run.run_dir, run.kind, run.seed
     if fitted.history:
         plot_training_curves(fitted.history, run_dir / "training_curves.png", title=f"{kind} seed {seed}")
         tracking.log_file_artifact(run_id, run_dir / "training_curves.png")
