@@ -68,13 +68,12 @@ run:  ## preprocess GeoLife (found via $$NEXTLOC_GEOLIFE_DIR, data/raw/geolife, 
 raw-data:  ## unpack a local GeoLife archive into data/raw/geolife, if the job would (no download)
 	$(PYTHON) -m nextloc.raw.rawdata
 
-# Two pytest workers (pytest-xdist), a test file each at a time (tests/conftest.py groups them; the two
-# heaviest files run first, one after the other, on one worker): most tests wait on a server, a subprocess
+# Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on a server, a subprocess
 # or the disk, so two keep both cores busy. TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 test: install  ## lint + the whole test suite (full-data tests run when ../shared has the GeoLife archive)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"

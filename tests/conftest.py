@@ -26,21 +26,6 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 STALL_S = 15  # seconds: a Prefect API request slower than this is a stall
 ARTIFACTS = REPO / "test-artifacts"
 
-#: Test files that each keep both cores busy for minutes (servers, bursts of runs): one pytest worker runs
-#: them one after the other, first, while the other worker runs the rest (``make test``: ``--dist loadgroup``).
-HEAVY_FILES = ("load/test_services_load.py", "load/test_two_workers.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's ``loadgroup``: each file is one group (its module fixtures built once), the heavy
-    files share one group, and they come first."""
-    heavy = {REPO / "tests" / name for name in HEAVY_FILES}
-    for item in items:
-        group = "heavy" if item.path in heavy else item.path.relative_to(REPO).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.path not in heavy)  # stable: the order within each part is kept
-
-
 # Isolated Prefect state for the whole session, set before anything imports prefect.
 _PREFECT_HOME = tempfile.mkdtemp(prefix="nextloc-prefect-")
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
