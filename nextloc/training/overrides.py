@@ -105,9 +105,7 @@ def check_kind_overrides(kind_name: str, model: Mapping[str, Any], train: Mappin
     """
     entry = kind(kind_name)
     if not entry.is_neural:
-        raise ValueError(
-            f"model_overrides/train_overrides name unknown models {[kind_name]}; expected {neural_kinds()}"
-        )
+        raise ValueError(_PerKind.unknown_keys_message([kind_name]))
     try:
         check_model_overrides(entry.trained.name, model)
         training_recipe(entry.trained.name, **train)
