@@ -21,9 +21,10 @@ or one still shutting down while the next starts) takes the same write lock from
 * **Its log.** ``$PREFECT_HOME/nextloc-api.log``, with one line for each request slower than
   ``$NEXTLOC_API_SLOW_S`` seconds (default 5): a stall leaves its trace there.
 
-Its 503 answers (SQLite's ``database is locked``) carry a short ``Retry-After`` (:class:`RetrySoonOnBusy`)
-instead of Prefect's client's default 2 s back-off. Flow runs send no heartbeats to it (they detect
-crashed runs for workers; it has none). A configured API is used as it is, and nothing is started.
+Its database has one connection (:func:`tasks.compat.one_sqlite_connection`): requests and services take
+turns for it on the event loop, so SQLite never has two writers, never answers ``database is locked`` and
+never keeps a request waiting on its lock. Flow runs send no heartbeats to it (they detect crashed runs
+for workers; it has none). A configured API is used as it is, and nothing is started.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -349,42 +349,6 @@ def ready() -> Iterator[None]:
 # --- the server's side ----------------------------------------------------------------------------
 
 
-class RetrySoonOnBusy:
-    """ASGI wrapper: a 503 (Prefect's answer to SQLite's ``database is locked``) says when to retry.
-
-    A write that meets another one in SQLite's write-ahead log fails at once instead of waiting for the
-    lock; Prefect answers 503 and its client, given no ``Retry-After``, waits 2 s, then 4, 8... A retry
-    succeeds as soon as the other write commits, so the first ones come after 0.1 s; the delay doubles
-    with each further 503 in the last 10 s (up to 8 s), which keeps a real burst backing off as before.
-    """
-
-    def __init__(self, app: Callable[..., Awaitable[None]], window_s: float = 10.0) -> None:
-        self.app = app
-        self.window_s = window_s
-        self.recent: deque[float] = deque()
-
-    def retry_after_s(self) -> float:
-        now = time.monotonic()
-        while self.recent and now - self.recent[0] > self.window_s:
-            self.recent.popleft()
-        self.recent.append(now)
-        return min(8.0, 0.1 * 2 ** (len(self.recent) - 1))
-
-    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_retry_after(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 503:
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"retry-after"]
-                headers.append((b"retry-after", f"{self.retry_after_s():.2f}".encode()))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, send_with_retry_after)
-
-
 class Activity:
     """ASGI wrapper: when the last request ended, how many are in flight, and a log line for slow ones."""
 
@@ -418,7 +382,10 @@ def create_server_app(slow_s: float = DEFAULT_SLOW_S) -> Activity:
     """The server's ASGI app: Prefect's API with the ephemeral set of services, its UI, and our wrappers."""
     from prefect.server.api.server import create_app, create_ui_app
 
-    api = RetrySoonOnBusy(create_app(ephemeral=True, final=True))  # ephemeral: no UI of its own
+    from tasks import compat
+
+    compat.one_sqlite_connection()  # one writer: no request waits on SQLite's lock
+    api = create_app(ephemeral=True, final=True)  # ephemeral: no UI of its own
     ui = create_ui_app(ephemeral=False)
 
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:

@@ -225,3 +225,41 @@ def drain_prefect_workers(timeout_s: float) -> None:
     for service in (APILogWorker, EventsWorker):
         with contextlib.suppress(Exception):
             service.drain_all(timeout=timeout_s)
+
+
+def one_sqlite_connection() -> None:
+    """Give this process's Prefect server one SQLite connection: one writer, and no lock to wait for.
+
+    Prefect's SQLite engine pools up to 15 connections to one database file (SQLAlchemy's 5 plus 10 of
+    overflow), so requests and the server's services (the task-run recorder's two consumers) write through
+    different connections, and SQLite lets one write at a time. A transaction that has read and then
+    writes while another holds the lock fails at once (``database is locked``: Prefect's 503); any other
+    writer waits in SQLite's busy handler, up to Prefect's 60 s ``busy_timeout``, and while it waits the
+    server's event loop can stall, so the transaction holding the lock, which needs that loop to commit,
+    never does until the timeout: the minute-long stall of issue 33 (docs/performance.md). With one
+    connection, sessions take turns in the pool, waiting on the event loop, and SQLite never sees two
+    writers.
+
+    Prefect builds its engine with ``create_async_engine`` as named in
+    ``prefect.server.database.configurations``, when the first session needs it; this wraps that name so
+    SQLite engines get a pool of one (``pool_size=1, max_overflow=0``). Call it in the server's process,
+    before its app starts. Outside its Prefect range: Prefect's own pool stays (writes contend as above).
+    """
+    if not supported("prefect"):
+        _fallback("one_sqlite_connection", "prefect")
+        return
+    import prefect.server.database.configurations as configurations
+    from sqlalchemy.pool import AsyncAdaptedQueuePool
+
+    create = configurations.create_async_engine
+    if getattr(create, "nextloc_one_connection", False):
+        return
+
+    @functools.wraps(create)
+    def create_with_one_connection(url: Any, **kwargs: Any) -> Any:
+        if str(url).startswith("sqlite"):
+            kwargs.update(poolclass=AsyncAdaptedQueuePool, pool_size=1, max_overflow=0)
+        return create(url, **kwargs)
+
+    create_with_one_connection.nextloc_one_connection = True  # type: ignore[attr-defined]
+    configurations.create_async_engine = create_with_one_connection

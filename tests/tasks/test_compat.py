@@ -186,3 +186,41 @@ class TestDrainPrefectWorkers:
             APILogWorker, "drain_all", classmethod(lambda cls, timeout: pytest.fail("drained"))
         )
         compat.drain_prefect_workers(timeout_s=5)
+
+
+class TestOneSqliteConnection:
+    @staticmethod
+    def _engine_pool(tmp_path: Path):
+        import asyncio
+
+        from prefect.server.database.configurations import AioSqliteConfiguration
+
+        async def pool():
+            config = AioSqliteConfiguration(connection_url=f"sqlite+aiosqlite:///{tmp_path}/prefect.db")
+            engine = await config.engine()  # Prefect's own engine: its PRAGMAs, its listeners
+            async with engine.connect() as connection:
+                mode = (await connection.exec_driver_sql("PRAGMA journal_mode")).scalar()
+            await engine.dispose()
+            return engine.pool, mode
+
+        return asyncio.run(pool())
+
+    @pytest.fixture
+    def restore_create(self, monkeypatch: pytest.MonkeyPatch):
+        import prefect.server.database.configurations as configurations
+
+        monkeypatch.setattr(configurations, "create_async_engine", configurations.create_async_engine)
+
+    def test_prefects_sqlite_engine_gets_a_pool_of_one(self, restore_create, tmp_path: Path):
+        compat.one_sqlite_connection()
+        compat.one_sqlite_connection()  # once is enough: a second call does not wrap it again
+        pool, mode = self._engine_pool(tmp_path)
+        assert pool.size() == 1
+        assert pool._max_overflow == 0  # no connection beyond the one
+        assert mode == "wal"  # Prefect's own setup of each connection still runs
+
+    def test_out_of_range_prefects_pool_stays(self, restore_create, out_of_range, tmp_path: Path):
+        out_of_range("prefect")
+        compat.one_sqlite_connection()
+        pool, _ = self._engine_pool(tmp_path)
+        assert pool.size() == 5  # SQLAlchemy's default
