@@ -48,13 +48,16 @@ def main() -> int:
         default=1,
         help="rounds of the three runs per kind; each mode reports its median run, ratios are of the medians",
     )
+    parser.add_argument(
+        "--device", default="cpu", help="the device the nextloc runs train on: cpu, cuda or auto"
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SEED", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.worker:
         kind, seed, mode = args.worker
-        print(json.dumps(_run(args.data_dir, kind, int(seed), mode, args.epochs)))
+        print(json.dumps(_run(args.data_dir, kind, int(seed), mode, args.epochs, args.device)))
         return 0
 
     out: dict = {
@@ -151,7 +154,7 @@ def _subprocess(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) ->
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
+def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int, device: str = "cpu") -> dict:
     import torch
 
     from nextloc.evaluation.evaluate import model_scores, score_split
@@ -159,14 +162,16 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
     from nextloc.models.registry import kind as kind_entry
     from nextloc.models.registry import training_recipe
     from nextloc.training.data import SampleTensors
-    from nextloc.training.train import fit_model
+    from nextloc.training.train import fit_model, resolve_device
 
     meta = json.loads((data_dir / "metadata.json").read_text())
     overrides = {"max_seq_len": meta["max_hist_len"] + 10} if kind.startswith("pointer") else {}
 
+    dev = resolve_device(device) if mode in ("nextloc", "full") else torch.device("cpu")
+
     def build():
         torch.manual_seed(seed)
-        return build_model(kind, meta["total_loc_num"], meta["total_user_num"], **overrides)
+        return build_model(kind, meta["total_loc_num"], meta["total_user_num"], **overrides).to(dev)
 
     if mode == "reference":
         return _reference_loop(build(), kind, data_dir, seed, epochs)
@@ -174,7 +179,8 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
         return _reference_loop(_packed_lstm(build()), kind, data_dir, seed, epochs)
     torch.set_num_threads(1)
     splits = {
-        s: SampleTensors.from_parquet(data_dir / "samples" / f"{s}.parquet") for s in ("train", "val", "test")
+        s: SampleTensors.from_parquet(data_dir / "samples" / f"{s}.parquet", dev)
+        for s in ("train", "val", "test")
     }
     limit = (
         {}
@@ -190,6 +196,7 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int) -> dict:
     final = refit or selection
     metrics = score_split(model_scores(final.model), splits["test"]).accumulator.compute()
     return {
+        "device": str(dev),
         "train_samples_per_s": round(selection.train_samples_per_s, 1),
         "epoch_wall_s": round(selection.train_seconds / selection.epochs, 2),
         "epochs": selection.epochs,
