@@ -85,6 +85,11 @@ def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:
     )
 
 
+#: The tracking server's environment: no job runner. MLflow's server otherwise starts a job runner and
+#: seven huey consumers (its GenAI jobs, which nextloc never submits), each a process with MLflow loaded.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 def _launch_mlflow(services: Services, base: dict[str, str], store_uri: str) -> None:
     """``mlflow server`` over ``store_uri`` (in its environment, not argv: it may hold the password), with
     its artifact proxy over ``mlruns/artifacts``: new experiments store artifacts at ``mlflow-artifacts:/``,
@@ -95,7 +100,7 @@ def _launch_mlflow(services: Services, base: dict[str, str], store_uri: str) -> 
         "mlflow",
         [mlflow, "server", "--serve-artifacts", "--artifacts-destination", str(services.artifacts.resolve())]
         + ["--host", services.host, "--port", str(services.mlflow_port), "--workers", "1"],
-        {**base, "MLFLOW_BACKEND_STORE_URI": store_uri},
+        {**base, **MLFLOW_SERVER_ENV, "MLFLOW_BACKEND_STORE_URI": store_uri},
     )
 
 

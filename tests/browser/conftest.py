@@ -27,6 +27,7 @@ import pytest
 
 from flows import OFFLINE_DEFAULTS
 from services.processes import post_json
+from services.supervisor import MLFLOW_SERVER_ENV
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
@@ -129,7 +130,7 @@ def stack(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             [str(BIN / "mlflow"), "server", "--backend-store-uri", tracking_uri, "--default-artifact-root"]
             + [str(root / "mlruns" / "artifacts"), "--host", "127.0.0.1", "--port", str(mlflow_port)]
             + ["--workers", "1"],
-            env,
+            {**env, **MLFLOW_SERVER_ENV},  # as the team services run it
             root / "mlflow.log",
             root,
         ),
