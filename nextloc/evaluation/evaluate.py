@@ -19,7 +19,7 @@ from torch import nn
 from nextloc.evaluation.metrics import DEDUP_KEYS
 from nextloc.evaluation.tensor_metrics import MetricAccumulator
 from nextloc.preprocessing.sequences import UNSEEN
-from nextloc.routine.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
+from nextloc.routine.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features, with_new_place
 from nextloc.training.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
 
 ScoreFn = Callable[[Batch], torch.Tensor]
@@ -82,17 +82,33 @@ def model_scores(model: nn.Module) -> ScoreFn:
 
 
 def score_split(
-    score_fn: ScoreFn, data: SampleTensors, batch_size: int = 512, explore: np.ndarray | None = None
+    score_fn: ScoreFn,
+    data: SampleTensors,
+    batch_size: int = 512,
+    explore: np.ndarray | None = None,
+    head: NewPlaceHead | None = None,
 ) -> SplitScores:
     """Score every sample of ``data`` in split order (under ``torch.no_grad``); ``explore`` ``(N, E)``, the
-    routine's explore features in split order, joins the new-place head's inputs."""
+    routine's explore features in split order, joins the new-place head's inputs.
+
+    With ``head`` (a routine kind's), the metrics read the one distribution over the known places and "a new
+    place" (:func:`~nextloc.routine.novelty.with_new_place`): the head's P(new place) on class 1, the model's
+    place probabilities times ``1 - P(new)``; the features stay those of the model's own answer (what the
+    head reads)."""
     accumulator = MetricAccumulator()
     features = []
     with torch.no_grad():
         for batch in data.batches(batch_size):
             scores = by_length(score_fn, batch)  # length-sorted pieces: the same rows, little padding
+            batch_features = novelty_features(scores, batch).cpu()
+            features.append(batch_features)
+            if head is not None:
+                x = batch_features.numpy().astype(np.float64)
+                if explore is not None:
+                    x = np.column_stack([x, explore[batch.index.cpu().numpy()]])
+                joint = with_new_place(scores.cpu().numpy(), head.predict(x))
+                scores = torch.from_numpy(joint).to(scores.device)
             accumulator.update(scores, batch.target, batch.index)
-            features.append(novelty_features(scores, batch).cpu())
     stacked = torch.cat(features).numpy() if features else np.zeros((0, len(FEATURES)), dtype=np.float32)
     stacked = stacked.astype(np.float64)
     return SplitScores(accumulator, stacked if explore is None else np.column_stack([stacked, explore]))
@@ -107,6 +123,7 @@ def evaluate(
     head: NewPlaceHead | None = None,
     explore: tuple[np.ndarray, np.ndarray] | None = None,
     head_val_scores: ScoreFn | None = None,
+    joint: bool = False,
 ) -> Evaluation:
     """Validation and test metrics of a trained model, with its new-place head fit on validation.
 
@@ -121,6 +138,8 @@ def evaluate(
         explore: the routine's explore features of val and test (split order): the head reads them too.
         head_val_scores: the tested model's scores on ``val`` when ``test_scores`` cannot score ``val``
             itself (a scorer bound to the test split); default: ``test_scores``.
+        joint: score the one distribution over the known places and "a new place" (a routine kind's answer,
+            :func:`score_split` with the head) rather than the model's own; the head is fit on the model's own.
 
     Returns:
         An :class:`Evaluation`. Validation metrics carry ``new_place_rate`` but no AUC/Brier (the head is fit
@@ -135,7 +154,9 @@ def evaluate(
     if head is None:
         names = FEATURES if explore is None else ROUTINE_FEATURES
         head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
-    test_split = score_split(test_scores, test, batch_size, test_explore)
+    if joint:
+        val_split = score_split(val_scores, val, batch_size, val_explore, head)
+    test_split = score_split(test_scores, test, batch_size, test_explore, head if joint else None)
     p_new = head.predict(test_split.features)
     return Evaluation(
         val=val_split.accumulator.compute(),
