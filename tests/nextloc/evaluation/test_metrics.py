@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score
 
-from nextloc.evaluation.metrics import METRIC_KEYS, new_place_metrics, rank_metrics, weighted_f1
+from nextloc.evaluation.metrics import METRIC_KEYS, new_place_metrics, rank_metrics, reliability, weighted_f1
 from nextloc.evaluation.tensor_metrics import MetricAccumulator, evaluate_scores, place_ranks, target_ranks
 
 
@@ -430,3 +430,16 @@ class TestEvaluateScores:
         frame = acc.per_user(data.user_id_np)
         assert frame["user"].tolist() == [101, 102]
         assert frame["acc@1"].tolist() == pytest.approx([50.0, 200 / 3])
+
+
+def test_reliability_table_and_ece() -> None:
+    rng = np.random.default_rng(0)
+    top_p = rng.random(20000)
+    calibrated = rng.random(20000) < top_p
+    table, ece = reliability(top_p, calibrated)
+    assert [row["n"] for row in table] == np.histogram(top_p, bins=10, range=(0, 1))[0].tolist()
+    assert ece < 0.02
+    for row in table:
+        assert row["low"] <= row["mean_p"] < row["high"]
+    _, overconfident = reliability(np.full(100, 0.9), np.arange(100) < 50)
+    assert overconfident == pytest.approx(0.4)
