@@ -166,6 +166,28 @@ def reliability(top_p: np.ndarray, hit: np.ndarray, bins: int = RELIABILITY_BINS
     return table, float(ece) if len(top_p) else float("nan")
 
 
+def answer_sets(probs: np.ndarray, targets: np.ndarray, level: float) -> tuple[float, float]:
+    """Empirical coverage (%) and mean size of the fewest classes that hold ``level`` of each distribution.
+
+    Args:
+        probs: ``(N, V)`` one distribution per sample (class 1 "a new place", the places from 2; class 0 is
+            never taken).
+        targets: ``(N,)`` the classes that came.
+        level: the probability the set must hold, in ``(0, 1]``.
+
+    Examples:
+        >>> answer_sets(np.array([[0, 0.5, 0.3, 0.2], [0, 0.1, 0.6, 0.3]]), np.array([2, 3]), 0.8)
+        (100.0, 2.0)
+    """
+    p = np.asarray(probs, dtype=np.float64).copy()
+    p[:, 0] = 0.0
+    order = np.argsort(-p, axis=1, kind="stable")
+    held = np.take_along_axis(p, order, axis=1).cumsum(axis=1)
+    size = np.minimum((held < level - 1e-12).sum(axis=1) + 1, p.shape[1] - 1)
+    position = np.argmax(order == np.asarray(targets)[:, None], axis=1)
+    return float(100 * (position < size).mean()), float(size.mean())
+
+
 def weighted_f1(targets: np.ndarray, predicted: np.ndarray) -> float:
     """Weighted F1 in percent (NaN without samples): the reference's ``f1_score(average="weighted",
     zero_division=0)``, by the same float operations (equal to sklearn's, bit for bit, in the tests).

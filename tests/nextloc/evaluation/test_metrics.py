@@ -17,7 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score
 
-from nextloc.evaluation.metrics import METRIC_KEYS, new_place_metrics, rank_metrics, reliability, weighted_f1
+from nextloc.evaluation.metrics import (
+    METRIC_KEYS,
+    answer_sets,
+    new_place_metrics,
+    rank_metrics,
+    reliability,
+    weighted_f1,
+)
 from nextloc.evaluation.tensor_metrics import MetricAccumulator, evaluate_scores, place_ranks, target_ranks
 
 
@@ -443,3 +450,18 @@ def test_reliability_table_and_ece() -> None:
         assert row["low"] <= row["mean_p"] < row["high"]
     _, overconfident = reliability(np.full(100, 0.9), np.arange(100) < 50)
     assert overconfident == pytest.approx(0.4)
+
+
+def test_answer_sets_hold_their_level_when_calibrated() -> None:
+    rng = np.random.default_rng(1)
+    probs = rng.dirichlet(np.full(8, 0.5), size=5000)
+    probs[:, 0] = 0.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    targets = np.array([rng.choice(8, p=row) for row in probs])
+    sizes = []
+    for level in (0.5, 0.8, 0.9):
+        coverage, size = answer_sets(probs, targets, level)
+        assert coverage >= 100 * level - 2.0  # the fewest classes holding at least the level
+        sizes.append(size)
+    assert sizes == sorted(sizes)
+    assert answer_sets(probs, targets, 1.0) == (100.0, 7.0)  # every class but padding
