@@ -172,10 +172,7 @@ def evaluate(
     )
     if head is None:
         names = FEATURES if explore is None else ROUTINE_FEATURES
-        # a routine kind's head (it reads the explore features too): boosted trees (nextloc.routine.novelty)
-        head = NewPlaceHead.fit(
-            head_split.features, head_split.is_new, names=names, boosted=explore is not None
-        )
+        head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
     if joint:
         val_split = score_split(val_scores, val, batch_size, val_explore, head)
     test_split = score_split(test_scores, test, batch_size, test_explore, head if joint else None)

@@ -12,10 +12,7 @@ history say into a calibrated probability:
 * from the history: the share of its visits that were already new (``1``), whether the last one was, the
   share of distinct places and the log of its length.
 
-The head is a logistic regression over those standardised features; a routine kind's head, which also reads
-the routine's explore features, is gradient-boosted trees over the same features (:data:`TREE_PARAMS`,
-chosen by 5-fold cross-validation on validation: ROC-AUC 84.0 against the logistic head's 82.8 for the
-ranker), stored as LightGBM's text model and scored with :class:`~nextloc.routine.trees.TreeEnsemble`. Because the train split has no new
+The head is a logistic regression over those standardised features. Because the train split has no new
 target, the only data with the real label before test is the validation split: the head is fit there (nine
 coefficients: the validation split's role in the reference protocol is exactly such choices) and scored
 once on test. Every model kind gets one, baselines included; the head of a model is stored with it as plain
@@ -27,14 +24,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nextloc.preprocessing.sequences import FIRST_PLACE, PAD, UNSEEN
 from nextloc.routine.features import EXPLORE_FEATURES
-from nextloc.routine.trees import TreeEnsemble
 
 if TYPE_CHECKING:
     import torch
@@ -55,20 +50,6 @@ MAX_LOGIT = math.log((1 - 1e-3) / 1e-3)  # P(new place) stays within [1e-3, 1 - 
 # the routine kinds' head also reads how much the user explores (nextloc.routine.features.EXPLORE_FEATURES)
 ROUTINE_FEATURES = (*FEATURES, *EXPLORE_FEATURES)
 FEATURE_SETS = (FEATURES, ROUTINE_FEATURES)
-# the trees of a boosted head (NewPlaceHead.fit(boosted=True)): small, shrunk, deterministic
-TREE_PARAMS = {
-    "objective": "binary",
-    "learning_rate": 0.03,
-    "num_leaves": 8,
-    "min_data_in_leaf": 40,
-    "lambda_l2": 10.0,
-    "deterministic": True,
-    "force_row_wise": True,
-    "num_threads": 1,
-    "seed": 0,
-    "verbose": -1,
-}
-TREE_ROUNDS = 150
 
 
 def novelty_features(scores: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -169,22 +150,13 @@ class NewPlaceHead:
     intercept: float
     n_fit: int = 0
     rate_fit: float = float("nan")
-    trees: str = (
-        ""  # a boosted head: LightGBM's text model over the raw features (then mean/scale/coef unused)
-    )
 
     @classmethod
     def fit(
-        cls,
-        features: np.ndarray,
-        is_new: np.ndarray,
-        c: float = 1.0,
-        names: tuple[str, ...] = FEATURES,
-        boosted: bool = False,
+        cls, features: np.ndarray, is_new: np.ndarray, c: float = 1.0, names: tuple[str, ...] = FEATURES
     ) -> NewPlaceHead:
         """Fit on ``features`` ``(N, F)`` (columns ``names``, one of :data:`FEATURE_SETS`) against the
-        outcome ``is_new`` ``(N,)`` (L2, ``C = c``, deterministic); ``boosted``: gradient-boosted trees
-        (:data:`TREE_PARAMS`, :data:`TREE_ROUNDS`) instead of the logistic regression.
+        outcome ``is_new`` ``(N,)`` (L2, ``C = c``, deterministic).
 
         With a single outcome (no new place, or only new places) there is nothing to separate: the head
         returns the observed rate (clipped into ``[1e-3, 1 - 1e-3]``) for every sample.
@@ -198,8 +170,6 @@ class NewPlaceHead:
         rate = float(y.mean())
         if y.all() or not y.any():
             return cls.constant(rate, n_fit=len(y), names=names)
-        if boosted:
-            return cls._fit_trees(x, y, names)
         mean = x.mean(axis=0)
         scale = x.std(axis=0)
         scale = np.where(scale > 1e-12, scale, 1.0)
@@ -215,22 +185,6 @@ class NewPlaceHead:
             n_fit=len(y),
             rate_fit=rate,
         )
-
-    @classmethod
-    def _fit_trees(cls, x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> NewPlaceHead:
-        import lightgbm  # only when fitting; answers read the text with TreeEnsemble
-
-        booster = lightgbm.train(TREE_PARAMS, lightgbm.Dataset(x, y.astype(np.float64)), TREE_ROUNDS)
-        ones, zeros = tuple(1.0 for _ in names), tuple(0.0 for _ in names)
-        text = booster.model_to_string()
-        return cls(tuple(names), zeros, ones, zeros, 0.0, len(y), float(y.mean()), text)
-
-    @cached_property
-    def _ensemble(self) -> TreeEnsemble:
-        ensemble = TreeEnsemble.parse(self.trees)
-        if ensemble is None:
-            raise ValueError("the new-place head's trees are outside what TreeEnsemble reads")
-        return ensemble
 
     @classmethod
     def constant(cls, rate: float, n_fit: int = 0, names: tuple[str, ...] = FEATURES) -> NewPlaceHead:
@@ -254,12 +208,7 @@ class NewPlaceHead:
         x = np.asarray(features, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != len(self.features):
             raise ValueError(f"features must be (N, {len(self.features)}), got {x.shape}")
-        if self.trees:
-            z = self._ensemble.predict(x)
-        else:
-            z = self.intercept + ((x - np.asarray(self.mean)) / np.asarray(self.scale)) @ np.asarray(
-                self.coef
-            )
+        z = self.intercept + ((x - np.asarray(self.mean)) / np.asarray(self.scale)) @ np.asarray(self.coef)
         # never certain: a question far outside what the head was fit on (a user whose only visits are new
         # places, a head fit on a small validation split) is answered at most 1 - 1e-3 either way
         return 1.0 / (1.0 + np.exp(-np.clip(z, -MAX_LOGIT, MAX_LOGIT)))
@@ -274,7 +223,6 @@ class NewPlaceHead:
             "intercept": self.intercept,
             "n_fit": self.n_fit,
             "rate_fit": self.rate_fit,
-            **({"trees": self.trees} if self.trees else {}),
         }
 
     @classmethod
@@ -292,7 +240,6 @@ class NewPlaceHead:
             intercept=float(data["intercept"]),
             n_fit=int(data.get("n_fit", 0)),
             rate_fit=float(data.get("rate_fit", float("nan"))),
-            trees=str(data.get("trees", "")),
         )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -17,7 +16,7 @@ from nextloc.models import build_model
 from nextloc.models.baselines import BaselineModule
 from nextloc.models.registry import KINDS, kinds
 from nextloc.predict.packed import PackedScorer
-from nextloc.routine.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
+from nextloc.routine.novelty import FEATURES, NewPlaceHead, novelty_features
 from nextloc.training.data import Batch
 
 V, U = 9, 4
@@ -89,23 +88,6 @@ class TestNewPlaceHead:
         np.testing.assert_array_equal(again.predict(x), p)
         assert head.n_fit == 400
         assert head.rate_fit == pytest.approx(y.mean())
-
-    def test_boosted_head_learns_an_interaction_and_round_trips_without_lightgbm(self):
-        """A routine kind's head: trees, read back as plain text and scored with numpy like LightGBM."""
-        import lightgbm
-
-        rng = np.random.default_rng(0)
-        x = rng.normal(size=(2000, len(ROUTINE_FEATURES)))
-        y = (x[:, 4] > 0) & (x[:, 9] > 0)  # an interaction a logistic head cannot fit
-        head = NewPlaceHead.fit(x, y, names=ROUTINE_FEATURES, boosted=True)
-        again = NewPlaceHead.from_dict(json.loads(json.dumps(head.to_dict())))
-        p = again.predict(x)
-        booster = lightgbm.Booster(model_str=head.trees)
-        np.testing.assert_allclose(p, booster.predict(x), rtol=1e-9)
-        assert p[y].mean() > 0.6 > 0.2 > p[~y].mean()
-        assert NewPlaceHead.fit(x, y, names=ROUTINE_FEATURES, boosted=True) == head
-        logistic = NewPlaceHead.fit(x, y, names=ROUTINE_FEATURES)
-        assert "trees" not in logistic.to_dict()
 
     def test_is_deterministic(self):
         rng = np.random.default_rng(1)
