@@ -13,7 +13,13 @@ Acc@1 by what the test target is:
 ``ratio_to_reference`` is each kind's mean place Acc@1 over the reference pointer's (kind ``pointer``,
 Pointer V45) when it was trained on the same folder. Nothing is chosen here: it reports test once.
 
+``--distribution KIND`` (a routine kind) refits it for ``--seed`` and reports its one distribution over the
+known places and "a new place" instead: the reliability table of its top answer on validation with the
+ECE (val and test), and the answer sets holding 0.5, 0.8 and 0.9 of it on test (empirical coverage and
+mean size).
+
     python benchmarks/accuracy.py --data-dir data/geolife > accuracy.json
+    python benchmarks/accuracy.py --data-dir data/geolife --distribution ranker --seed 0
 """
 
 from __future__ import annotations
@@ -69,11 +75,65 @@ def kind_report(folder: Path, groups: np.ndarray) -> dict:
     return report
 
 
+COVERAGE_LEVELS = (0.5, 0.8, 0.9)
+
+
+def distribution_report(data_dir: Path, kind: str, seed: int) -> dict:
+    """A routine kind refitted for ``seed``: its one distribution's reliability and answer sets."""
+    import tempfile
+
+    import torch
+
+    from nextloc.evaluation.metrics import answer_sets
+    from nextloc.routine.novelty import novelty_features_numpy, with_new_place
+    from nextloc.training.fit_kind import fit_kind, load_splits
+
+    meta = json.loads((data_dir / "metadata.json").read_text())
+    splits = load_splits({s: data_dir / "samples" / f"{s}.parquet" for s in ("train", "val", "test")}, "cpu")
+    with tempfile.TemporaryDirectory() as checkpoints:
+        fitted = fit_kind(
+            kind,
+            seed,
+            splits,
+            meta,
+            model_overrides={},
+            train_overrides={},
+            device=torch.device("cpu"),
+            checkpoint_dir=Path(checkpoints),
+            staypoints=data_dir / "staypoints.parquet",
+            locations=data_dir / "vocabulary" / "locations.parquet",
+        )
+    evaluation = fitted.evaluate(splits)
+    data, test = fitted.routine_data, splits["test"]
+    logp = data.log_probabilities(fitted.model, "test")
+    features = novelty_features_numpy(logp, test.history_np).astype(np.float64)
+    p_new = evaluation.head.predict(np.column_stack([features, data.candidates["test"].explore]))
+    probs = np.exp(with_new_place(logp, p_new).astype(np.float64))
+    sets = {}
+    for level in COVERAGE_LEVELS:
+        coverage, size = answer_sets(probs, test.target_np, level)
+        sets[str(level)] = {"coverage_percent": round(coverage, 2), "mean_size": round(size, 2)}
+    keys = ("place_acc@1", "place_mrr", "acc@1", "new_place_auc", "new_place_brier", "top1_ece")
+    return {
+        "kind": kind,
+        "seed": seed,
+        "val": {k: evaluation.val.get(k) for k in keys},
+        "test": {k: evaluation.test.get(k) for k in keys},
+        "val_reliability": evaluation.val_reliability,
+        "test_answer_sets": sets,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default="data/geolife")
+    parser.add_argument("--distribution", default=None, help="a routine kind: its one distribution's report")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     data_dir = Path(args.data_dir)
+    if args.distribution is not None:
+        print(json.dumps(_strict(distribution_report(data_dir, args.distribution, args.seed)), indent=1))
+        return
     groups = target_groups(data_dir)
     kinds = {
         folder.name: kind_report(folder, groups)

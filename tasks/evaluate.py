@@ -100,7 +100,8 @@ def evaluate_registered(
     # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
     # softmax their input; softmaxing probabilities themselves would flatten them)
     scores, explore = registered_scores(bundle, Path(data_dir), split)
-    scored = score_split(scores, data, explore=explore)
+    # a routine kind is scored on its one distribution over the places and "a new place", as in training
+    scored = score_split(scores, data, explore=explore, head=bundle.head if explore is not None else None)
     p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
     metrics = scored.accumulator.compute(p_new)
     copied = copied_samples(Catalog(str(data_dir)).staypoints, data.table) if split == "test" else None

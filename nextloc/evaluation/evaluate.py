@@ -16,10 +16,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from nextloc.evaluation.metrics import DEDUP_KEYS
+from nextloc.evaluation.metrics import DEDUP_KEYS, reliability
 from nextloc.evaluation.tensor_metrics import MetricAccumulator
 from nextloc.preprocessing.sequences import UNSEEN
-from nextloc.routine.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features
+from nextloc.routine.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features, with_new_place
 from nextloc.training.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
 
 ScoreFn = Callable[[Batch], torch.Tensor]
@@ -31,6 +31,15 @@ class SplitScores:
 
     accumulator: MetricAccumulator
     features: np.ndarray  # (N, F): novelty.FEATURES, then the routine's explore features if given
+    # (N,) split order, scored with a head: the one distribution's top probability and whether its class is the target
+    top_p: np.ndarray | None = None
+    top_hit: np.ndarray | None = None
+
+    def reliability(self) -> tuple[list[dict], float]:
+        """:func:`~nextloc.evaluation.metrics.reliability` of the one distribution (scored with a head)."""
+        if self.top_p is None or self.top_hit is None:
+            raise ValueError("a split scored without a new-place head has no one distribution")
+        return reliability(self.top_p, self.top_hit)
 
     @property
     def is_new(self) -> np.ndarray:
@@ -52,6 +61,8 @@ class Evaluation:
     # (N_test,) whether each test target is a copy of another user's staypoint (nextloc.raw.duplicates), split
     # order; None when not known (no final staypoints next to the samples)
     test_copied: np.ndarray | None = None
+    # the one distribution's reliability on validation (a routine kind's: evaluate(joint=True)), else None
+    val_reliability: list[dict] | None = None
 
     def per_sample(self) -> pd.DataFrame:
         """Test outcomes per sample (hits and gains of both families, P(new place), and ``target_is_copy``
@@ -82,20 +93,43 @@ def model_scores(model: nn.Module) -> ScoreFn:
 
 
 def score_split(
-    score_fn: ScoreFn, data: SampleTensors, batch_size: int = 512, explore: np.ndarray | None = None
+    score_fn: ScoreFn,
+    data: SampleTensors,
+    batch_size: int = 512,
+    explore: np.ndarray | None = None,
+    head: NewPlaceHead | None = None,
 ) -> SplitScores:
     """Score every sample of ``data`` in split order (under ``torch.no_grad``); ``explore`` ``(N, E)``, the
-    routine's explore features in split order, joins the new-place head's inputs."""
+    routine's explore features in split order, joins the new-place head's inputs.
+
+    With ``head`` (a routine kind's), the metrics read the one distribution over the known places and "a new
+    place" (:func:`~nextloc.routine.novelty.with_new_place`): the head's P(new place) on class 1, the model's
+    place probabilities times ``1 - P(new)``; the features stay those of the model's own answer (what the
+    head reads)."""
     accumulator = MetricAccumulator()
     features = []
+    top_p, top_hit = np.full(len(data), np.nan), np.zeros(len(data), dtype=bool)
     with torch.no_grad():
         for batch in data.batches(batch_size):
             scores = by_length(score_fn, batch)  # length-sorted pieces: the same rows, little padding
+            batch_features = novelty_features(scores, batch).cpu()
+            features.append(batch_features)
+            if head is not None:
+                x = batch_features.numpy().astype(np.float64)
+                if explore is not None:
+                    x = np.column_stack([x, explore[batch.index.cpu().numpy()]])
+                joint = with_new_place(scores.cpu().numpy(), head.predict(x))
+                rows = batch.index.cpu().numpy()
+                top_p[rows] = np.exp(joint.max(axis=1).astype(np.float64))
+                top_hit[rows] = joint.argmax(axis=1) == batch.target.cpu().numpy()
+                scores = torch.from_numpy(joint).to(scores.device)
             accumulator.update(scores, batch.target, batch.index)
-            features.append(novelty_features(scores, batch).cpu())
     stacked = torch.cat(features).numpy() if features else np.zeros((0, len(FEATURES)), dtype=np.float32)
     stacked = stacked.astype(np.float64)
-    return SplitScores(accumulator, stacked if explore is None else np.column_stack([stacked, explore]))
+    split_features = stacked if explore is None else np.column_stack([stacked, explore])
+    if head is None:
+        return SplitScores(accumulator, split_features)
+    return SplitScores(accumulator, split_features, top_p, top_hit)
 
 
 def evaluate(
@@ -107,6 +141,7 @@ def evaluate(
     head: NewPlaceHead | None = None,
     explore: tuple[np.ndarray, np.ndarray] | None = None,
     head_val_scores: ScoreFn | None = None,
+    joint: bool = False,
 ) -> Evaluation:
     """Validation and test metrics of a trained model, with its new-place head fit on validation.
 
@@ -121,10 +156,13 @@ def evaluate(
         explore: the routine's explore features of val and test (split order): the head reads them too.
         head_val_scores: the tested model's scores on ``val`` when ``test_scores`` cannot score ``val``
             itself (a scorer bound to the test split); default: ``test_scores``.
+        joint: score the one distribution over the known places and "a new place" (a routine kind's answer,
+            :func:`score_split` with the head) rather than the model's own; the head is fit on the model's own.
 
     Returns:
         An :class:`Evaluation`. Validation metrics carry ``new_place_rate`` but no AUC/Brier (the head is fit
-        there); test metrics carry all of :data:`nextloc.evaluation.metrics.METRIC_KEYS`.
+        there); test metrics carry all of :data:`nextloc.evaluation.metrics.METRIC_KEYS`; with ``joint``
+        both also carry ``top1_ece``, the expected calibration error of the one distribution's top answer.
     """
     val_explore, test_explore = explore if explore is not None else (None, None)
     val_split = score_split(val_scores, val, batch_size, val_explore)
@@ -135,16 +173,24 @@ def evaluate(
     if head is None:
         names = FEATURES if explore is None else ROUTINE_FEATURES
         head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
-    test_split = score_split(test_scores, test, batch_size, test_explore)
+    if joint:
+        val_split = score_split(val_scores, val, batch_size, val_explore, head)
+    test_split = score_split(test_scores, test, batch_size, test_explore, head if joint else None)
     p_new = head.predict(test_split.features)
+    val_metrics, test_metrics = val_split.accumulator.compute(), test_split.accumulator.compute(p_new)
+    table = None
+    if joint:  # how well the one distribution's probabilities are calibrated (its top answer's)
+        table, val_metrics["top1_ece"] = val_split.reliability()
+        test_metrics["top1_ece"] = test_split.reliability()[1]
     return Evaluation(
-        val=val_split.accumulator.compute(),
-        test=test_split.accumulator.compute(p_new),
+        val=val_metrics,
+        test=test_metrics,
         head=head,
         test_scores=test_split,
         test_p_new=p_new,
         per_user=test_split.accumulator.per_user(test.user_id_np),
         target_in_history=float(100 * test.target_in_history().mean()) if len(test) else float("nan"),
+        val_reliability=table,
     )
 
 

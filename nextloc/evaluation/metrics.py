@@ -124,6 +124,70 @@ def new_place_metrics(targets: np.ndarray, p_new: np.ndarray | None = None) -> d
     return out
 
 
+RELIABILITY_BINS = 10
+
+
+def reliability(top_p: np.ndarray, hit: np.ndarray, bins: int = RELIABILITY_BINS) -> tuple[list[dict], float]:
+    """A reliability table of a distribution's most likely answer and its expected calibration error.
+
+    Args:
+        top_p: ``(N,)`` the probability of each answer's most likely class.
+        hit: ``(N,)`` whether that class is the target.
+        bins: equal-width bins of ``[0, 1]``.
+
+    Returns:
+        One dict per non-empty bin (``low``, ``high``, ``n``, ``mean_p``, ``accuracy``), and the ECE: the
+        mean over samples of ``|accuracy - mean_p|`` of their bin (0 best, *not* in percent).
+
+    Examples:
+        >>> table, ece = reliability(np.array([0.9, 0.9, 0.3, 0.3]), np.array([1, 1, 0, 1]))
+        >>> [(row["n"], row["accuracy"]) for row in table], round(ece, 3)
+        ([(2, 0.5), (2, 1.0)], 0.15)
+    """
+    top_p = np.asarray(top_p, dtype=np.float64)
+    hit = np.asarray(hit, dtype=np.float64)
+    which = np.clip((top_p * bins).astype(np.int64), 0, bins - 1)
+    table, ece = [], 0.0
+    for b in range(bins):
+        inside = which == b
+        if not inside.any():
+            continue
+        mean_p, accuracy = float(top_p[inside].mean()), float(hit[inside].mean())
+        table.append(
+            {
+                "low": b / bins,
+                "high": (b + 1) / bins,
+                "n": int(inside.sum()),
+                "mean_p": mean_p,
+                "accuracy": accuracy,
+            }
+        )
+        ece += inside.mean() * abs(accuracy - mean_p)
+    return table, float(ece) if len(top_p) else float("nan")
+
+
+def answer_sets(probs: np.ndarray, targets: np.ndarray, level: float) -> tuple[float, float]:
+    """Empirical coverage (%) and mean size of the fewest classes that hold ``level`` of each distribution.
+
+    Args:
+        probs: ``(N, V)`` one distribution per sample (class 1 "a new place", the places from 2; class 0 is
+            never taken).
+        targets: ``(N,)`` the classes that came.
+        level: the probability the set must hold, in ``(0, 1]``.
+
+    Examples:
+        >>> answer_sets(np.array([[0, 0.5, 0.3, 0.2], [0, 0.1, 0.6, 0.3]]), np.array([2, 3]), 0.8)
+        (100.0, 2.0)
+    """
+    p = np.asarray(probs, dtype=np.float64).copy()
+    p[:, 0] = 0.0
+    order = np.argsort(-p, axis=1, kind="stable")
+    held = np.take_along_axis(p, order, axis=1).cumsum(axis=1)
+    size = np.minimum((held < level - 1e-12).sum(axis=1) + 1, p.shape[1] - 1)
+    position = np.argmax(order == np.asarray(targets)[:, None], axis=1)
+    return float(100 * (position < size).mean()), float(size.mean())
+
+
 def weighted_f1(targets: np.ndarray, predicted: np.ndarray) -> float:
     """Weighted F1 in percent (NaN without samples): the reference's ``f1_score(average="weighted",
     zero_division=0)``, by the same float operations (equal to sklearn's, bit for bit, in the tests).

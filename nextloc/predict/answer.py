@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from nextloc.io.visits import parse_time, validate_visits
 from nextloc.predict.histories import Histories, encode_visits
 from nextloc.preprocessing.sequences import FIRST_PLACE
-from nextloc.routine.novelty import novelty_features_numpy
+from nextloc.routine.novelty import novelty_features_numpy, with_new_place
 from nextloc.serving import ModelBundle, top_k
 
 __all__ = ["example_visits", "predict", "predict_visits", "visits_at_centres"]
@@ -50,7 +50,8 @@ def predict(
 
     Returns:
         One dict per history: its meta fields, ``p_new_place`` (when the model has a new-place head) and
-        ``places``: ``rank``, ``location_id`` (>= 2), ``probability`` (over places) and, with a vocabulary,
+        ``places``: ``rank``, ``location_id`` (>= 2), ``probability`` (over places; a routine kind's are its
+        one distribution's, which give the known places ``1 - p_new_place`` in all) and, with a vocabulary,
         ``latitude``, ``longitude`` and ``n_visits`` (staypoints at this place in the training data).
     """
     if k < 1:
@@ -72,7 +73,8 @@ def predict(
             if p is not None:
                 p_new.append(p)
             places = probs[:, FIRST_PLACE:].astype(np.float64)
-            places /= np.clip(places.sum(axis=1, keepdims=True), 1e-12, None)
+            if routine is None or p is None:  # a routine kind's answer is already one distribution
+                places /= np.clip(places.sum(axis=1, keepdims=True), 1e-12, None)
             top = top_k(places, k)
             ranked.append(np.array([[loc + FIRST_PLACE for loc, _ in row] for row in top], dtype=np.int64))
             probabilities.append(np.array([[p for _, p in row] for row in top]))
@@ -114,7 +116,9 @@ def _routine_scores(bundle: ModelBundle, logp: np.ndarray, explore: np.ndarray) 
         if bundle.head is None:
             return probs, None
         features = novelty_features_numpy(np.log(np.maximum(probs, np.float32(1e-30))), chunk[:, :, 0])
-        return probs, bundle.head.predict(np.column_stack([features.astype(np.float64), explore[rows]]))
+        p_new = bundle.head.predict(np.column_stack([features.astype(np.float64), explore[rows]]))
+        # one distribution: P(new place) and the places sharing 1 - P(new) (nextloc.routine.novelty.with_new_place)
+        return np.exp(with_new_place(logp[rows], p_new).astype(np.float64)).astype(np.float32), p_new
 
     return score
 

@@ -4,6 +4,7 @@
 - :mod:`~nextloc.routine.profile`: a stored routine profile, split by index once.
 - :mod:`~nextloc.routine.counts`: counts of keyed events before a time (binary search).
 - :mod:`~nextloc.routine.ranking`: the two kinds that rank the routine's places (``routine``, ``ranker``).
+- :mod:`~nextloc.routine.calibration`: their scores as probabilities over the known places, fitted on validation.
 - :mod:`~nextloc.routine.novelty`: P(new place) as an explicit probability.
 - :mod:`~nextloc.routine.trees`: LightGBM's text model read into arrays, scored with numpy.
 """

@@ -243,6 +243,34 @@ class NewPlaceHead:
         )
 
 
+def with_new_place(logp: np.ndarray, p_new: np.ndarray) -> np.ndarray:
+    """One distribution over the known places and "a new place" from a place model's answer and P(new place).
+
+    Args:
+        logp: ``(N, V)`` log-probabilities (or scores) over the vocabulary; only the places (``>= 2``) are read.
+        p_new: ``(N,)`` P(new place), from the new-place head.
+
+    Returns:
+        ``(N, V)`` float32 log-probabilities: class 1 holds ``log P(new)``, every place ``log(1 - P(new))``
+        plus its log-probability among the places, class 0 (padding) ``-40``.
+
+    Examples:
+        >>> out = with_new_place(np.log(np.array([[1e-9, 1e-9, 0.75, 0.25]])), np.array([0.2]))
+        >>> np.exp(out).round(3).tolist()
+        [[0.0, 0.2, 0.6, 0.2]]
+    """
+    scores = np.asarray(logp, dtype=np.float64)
+    places = scores[:, FIRST_PLACE:]
+    top = places.max(axis=1, keepdims=True) if places.shape[1] else np.zeros((len(scores), 1))
+    norm = top + np.log(np.exp(places - top).sum(axis=1, keepdims=True))
+    p = np.clip(np.asarray(p_new, dtype=np.float64), 1e-12, 1 - 1e-12)[:, None]
+    out = np.empty_like(scores)
+    out[:, FIRST_PLACE:] = places - norm + np.log1p(-p)
+    out[:, UNSEEN : UNSEEN + 1] = np.log(p)
+    out[:, PAD] = -40.0
+    return out.astype(np.float32)
+
+
 def _floats(values: Sequence[float], n: int) -> tuple[float, ...]:
     out = tuple(float(v) for v in values)
     if len(out) != n:

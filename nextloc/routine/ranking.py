@@ -7,10 +7,14 @@
 * ``ranker``: LightGBM's LambdaRank over every routine feature, fit on the train split's questions, its
   number of trees chosen on validation (early stopping).
 
-Both answer with log-probabilities over the whole vocabulary: the candidates share ``1 - FALLBACK_MASS`` by
-a softmax of their scores, every other known place shares ``FALLBACK_MASS`` by its popularity in train,
-and the classes 0 and 1 get ``FLOOR`` (a place model never names "somewhere new": the new-place head
-answers that). Their state is plain data (JSON weights; LightGBM's own text model format), nothing pickled.
+Both answer with log-probabilities over the known places, calibrated on validation (:class:`Calibration`):
+the candidates share ``1 - fallback_mass`` by a softmax of their scores over a temperature, every other
+known place shares ``fallback_mass`` by its popularity in train; the temperature and the fallback mass are
+the maximum-likelihood ones on validation's questions whose target is a known place. The classes 0 and 1
+get ``FLOOR`` here: the new-place head gives P(new place), and the evaluation and the answers read the one
+distribution ``P(new)`` on class 1, ``(1 - P(new))`` times these over the places
+(:func:`nextloc.routine.novelty.with_new_place`). Their state is plain data (JSON weights and calibration;
+LightGBM's own text model format), nothing pickled.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pandas as pd
 from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.preprocessing.staypoints import to_ns
 from nextloc.preprocessing.vocabulary import place_centres, place_popularity
+from nextloc.routine.calibration import Calibration
 from nextloc.routine.features import (
     CANDIDATE_FEATURES,
     Queries,
@@ -40,7 +45,6 @@ from nextloc.routine.trees import TreeEnsemble
 if TYPE_CHECKING:
     from nextloc.training.data import SampleTensors
 
-FALLBACK_MASS = 1e-3
 FLOOR = -40.0  # log-probability of the classes 0 and 1
 RULE_FEATURES = (
     "n_window",
@@ -102,7 +106,9 @@ class CandidateSet:
 
 
 class CandidateScorer(Protocol):
-    """A fitted kind: candidate scores, and its state as plain data."""
+    """A fitted kind: candidate scores, its calibration, and its state as plain data."""
+
+    calibration: Calibration
 
     def scores(self, candidates: CandidateSet) -> np.ndarray: ...
 
@@ -127,8 +133,11 @@ def candidate_mrr(candidates: CandidateSet, scores: np.ndarray, target: np.ndarr
 class RoutineRule:
     """The ``routine`` kind: a weighted sum of :data:`RULE_FEATURES` (see the module docstring)."""
 
-    def __init__(self, weights: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, weights: dict[str, float] | None = None, calibration: Calibration | None = None
+    ) -> None:
         self.weights = dict(weights or dict.fromkeys(RULE_FEATURES, 1.0))
+        self.calibration = calibration or Calibration()
         unknown = sorted(set(self.weights) - set(RULE_FEATURES))
         if unknown:
             raise ValueError(f"unknown routine rule weights {unknown}; expected {list(RULE_FEATURES)}")
@@ -155,11 +164,12 @@ class RoutineRule:
         return self
 
     def state(self) -> dict[str, Any]:
-        return {"weights": self.weights}
+        return {"weights": self.weights, "calibration": self.calibration.state()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> RoutineRule:
-        return cls({str(k): float(v) for k, v in state["weights"].items()})
+        weights = {str(k): float(v) for k, v in state["weights"].items()}
+        return cls(weights, Calibration.from_state(state.get("calibration")))
 
 
 class RoutineRanker:
@@ -173,8 +183,11 @@ class RoutineRanker:
         model: a fitted LightGBM model in its text format (from :meth:`state`), or None.
     """
 
-    def __init__(self, seed: int = 0, model: str | None = None) -> None:
+    def __init__(
+        self, seed: int = 0, model: str | None = None, calibration: Calibration | None = None
+    ) -> None:
         self.seed = int(seed)
+        self.calibration = calibration or Calibration()
         self.booster = None
         self.model = model
         self.trees = TreeEnsemble.parse(model) if model is not None else None
@@ -226,26 +239,38 @@ class RoutineRanker:
         return self.booster.predict(candidates.features, num_iteration=self.best_iteration)
 
     def state(self) -> dict[str, Any]:
-        if self.booster is None:
-            return {"seed": self.seed, "model": self.model}
-        return {"seed": self.seed, "model": self.booster.model_to_string(num_iteration=self.best_iteration)}
+        model = (
+            self.model
+            if self.booster is None
+            else self.booster.model_to_string(num_iteration=self.best_iteration)
+        )
+        return {"seed": self.seed, "model": model, "calibration": self.calibration.state()}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> RoutineRanker:
-        return cls(int(state["seed"]), str(state["model"]))
+        return cls(int(state["seed"]), str(state["model"]), Calibration.from_state(state.get("calibration")))
 
 
-def log_probabilities(candidates: CandidateSet, scores: np.ndarray, popularity: np.ndarray) -> np.ndarray:
-    """``(N, V)`` float32 log-probabilities from candidate scores (see the module docstring).
+def log_probabilities(
+    candidates: CandidateSet,
+    scores: np.ndarray,
+    popularity: np.ndarray,
+    calibration: Calibration | None = None,
+) -> np.ndarray:
+    """``(N, V)`` float32 log-probabilities over the known places from candidate scores (see the module
+    docstring and :class:`Calibration`; default: the uncalibrated temperature 1 and :data:`FALLBACK_MASS`).
 
     Args:
         candidates: the questions and their candidates.
         scores: ``(R,)`` one score per candidate.
-        popularity: ``(V,)`` non-negative weights of the places for the fallback mass (visits in train).
+        popularity: ``(V,)`` the places' visits in train (the fallback mass's weights, :class:`Calibration`).
+        calibration: the temperature, the fallback mass and its popularity power.
     """
+    calibration = calibration or Calibration()
+    scores = np.asarray(scores, dtype=np.float64) / calibration.temperature
+    mass = calibration.fallback_mass
     v = len(popularity)
-    fallback = np.asarray(popularity, dtype=np.float64) + 1.0
-    fallback[:FIRST_PLACE] = 0.0
+    fallback = calibration.fallback_weights(popularity)
     share = np.log(np.maximum(fallback, 1e-300) / fallback.sum())  # classes 0 and 1: set to FLOOR below
     out = np.tile(share, (candidates.n, 1))
     has = np.bincount(candidates.query, minlength=candidates.n) > 0
@@ -256,10 +281,8 @@ def log_probabilities(candidates: CandidateSet, scores: np.ndarray, popularity: 
         z = np.exp(scores - top[q])
         denominator = np.bincount(q, weights=z, minlength=candidates.n)
         rest = fallback.sum() - np.bincount(q, weights=fallback[place], minlength=candidates.n)
-        out[has] += (
-            np.log(FALLBACK_MASS) + np.log(fallback.sum()) - np.log(np.maximum(rest[has], 1e-12))[:, None]
-        )
-        out[q, place] = np.log1p(-FALLBACK_MASS) + scores - top[q] - np.log(denominator[q])
+        out[has] += np.log(mass) + np.log(fallback.sum()) - np.log(np.maximum(rest[has], 1e-12))[:, None]
+        out[q, place] = np.log1p(-mass) + scores - top[q] - np.log(denominator[q])
     out[:, :FIRST_PLACE] = FLOOR
     return out.astype(np.float32).reshape(candidates.n, v)
 
@@ -301,19 +324,23 @@ class RoutineData:
         return cls(routine, candidates, targets, place_popularity(locations, num_places))
 
     def fit(self, kind: str, seed: int = 0) -> CandidateScorer:
-        """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val)."""
+        """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val),
+        then its :class:`Calibration` on val."""
+        val, val_target = self.candidates["val"], self.targets["val"]
+        model: RoutineRule | RoutineRanker
         if kind == "routine":
-            return RoutineRule().fit(self.candidates["val"], self.targets["val"])
-        if kind == "ranker":
-            return RoutineRanker(seed).fit(
-                self.candidates["train"], self.targets["train"], self.candidates["val"], self.targets["val"]
-            )
-        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
+            model = RoutineRule().fit(val, val_target)
+        elif kind == "ranker":
+            model = RoutineRanker(seed).fit(self.candidates["train"], self.targets["train"], val, val_target)
+        else:
+            raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
+        model.calibration = Calibration.fit(val, model.scores(val), val_target, self.popularity)
+        return model
 
     def log_probabilities(self, model: CandidateScorer, split: str) -> np.ndarray:
         """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order."""
         candidates = self.candidates[split]
-        return log_probabilities(candidates, model.scores(candidates), self.popularity)
+        return log_probabilities(candidates, model.scores(candidates), self.popularity, model.calibration)
 
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:
@@ -379,7 +406,8 @@ class RoutineAnswerer:
         queries = queries_after_last(log, now)
         routine = Routine(log, self.num_places, self.centres, self.profile)
         candidates = CandidateSet.build(routine, queries)
-        logp = log_probabilities(candidates, self.model.scores(candidates), self.popularity)
+        scores = self.model.scores(candidates)
+        logp = log_probabilities(candidates, scores, self.popularity, self.model.calibration)
         back = np.empty(n, dtype=np.int64)
         back[order] = np.arange(n)
         return logp[back], candidates.explore[back]

@@ -39,6 +39,7 @@ class Scorers:
     test_scores: ScoreFn
     head_val_scores: ScoreFn | None = None
     explore: tuple[np.ndarray, np.ndarray] | None = None
+    joint: bool = False  # score one distribution over the places and "a new place" (routine kinds)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class FittedKind:
             test=splits["test"],
             head_val_scores=scorers.head_val_scores,
             explore=scorers.explore,
+            joint=scorers.joint,
         )
 
 
@@ -219,6 +221,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         test_scores=test_scores,
         head_val_scores=val_scores,
         explore=(data.candidates["val"].explore, data.candidates["test"].explore),
+        joint=True,
     )
     return FittedKind(model=model, params=params, routine_data=data, scorers=scorers)
 

@@ -143,6 +143,27 @@ class TestEvaluate:
         assert frame["place_mrr"].mean() == pytest.approx(evaluation.test["place_mrr"])
         assert evaluation.per_user["n"].sum() == 6
 
+    def test_joint_scores_one_distribution_with_the_heads_p_new(self, splits):
+        """joint: the metrics read P(new) on class 1 and the places times 1 - P(new); the place metrics keep
+        the model's own ranking, the reference metrics can credit "a new place"."""
+        val, test = splits
+        model = BaselineModule(BASELINES["most_frequent"](V).fit(val))
+        own = evaluate(model_scores(model), model_scores(model), val, test, batch_size=4)
+        joint = evaluate(model_scores(model), model_scores(model), val, test, batch_size=4, joint=True)
+        for key in ("place_acc@1", "place_mrr", "new_place_auc", "new_place_brier"):
+            assert joint.test[key] == pytest.approx(own.test[key])
+        np.testing.assert_allclose(joint.test_p_new, own.test_p_new)
+        assert 0 <= joint.test["top1_ece"] <= 1
+        assert "top1_ece" not in own.test
+        assert sum(row["n"] for row in joint.val_reliability) == len(val)
+        scored = score_split(model_scores(model), test, batch_size=4, head=joint.head)
+        p_new = joint.head.predict(scored.features)
+        top1 = scored.accumulator.per_sample()["acc@1"].to_numpy() > 0
+        is_new = scored.accumulator.targets() == 1
+        np.testing.assert_array_equal(top1, scored.top_hit)
+        assert (top1 & is_new).any()  # "a new place" answered and credited
+        np.testing.assert_allclose(scored.top_p[top1 & is_new], p_new[top1 & is_new], rtol=1e-5)
+
     @pytest.mark.parametrize("kind", [*NETWORKS, *BASELINES])
     def test_no_model_names_pad_or_unseen_as_a_place(self, kind, splits):
         """Histories full of 1s make class 1 the most likely class for copy models; places never include it."""

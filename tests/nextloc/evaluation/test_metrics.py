@@ -17,7 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import f1_score
 
-from nextloc.evaluation.metrics import METRIC_KEYS, new_place_metrics, rank_metrics, weighted_f1
+from nextloc.evaluation.metrics import (
+    METRIC_KEYS,
+    answer_sets,
+    new_place_metrics,
+    rank_metrics,
+    reliability,
+    weighted_f1,
+)
 from nextloc.evaluation.tensor_metrics import MetricAccumulator, evaluate_scores, place_ranks, target_ranks
 
 
@@ -430,3 +437,31 @@ class TestEvaluateScores:
         frame = acc.per_user(data.user_id_np)
         assert frame["user"].tolist() == [101, 102]
         assert frame["acc@1"].tolist() == pytest.approx([50.0, 200 / 3])
+
+
+def test_reliability_table_and_ece() -> None:
+    rng = np.random.default_rng(0)
+    top_p = rng.random(20000)
+    calibrated = rng.random(20000) < top_p
+    table, ece = reliability(top_p, calibrated)
+    assert [row["n"] for row in table] == np.histogram(top_p, bins=10, range=(0, 1))[0].tolist()
+    assert ece < 0.02
+    for row in table:
+        assert row["low"] <= row["mean_p"] < row["high"]
+    _, overconfident = reliability(np.full(100, 0.9), np.arange(100) < 50)
+    assert overconfident == pytest.approx(0.4)
+
+
+def test_answer_sets_hold_their_level_when_calibrated() -> None:
+    rng = np.random.default_rng(1)
+    probs = rng.dirichlet(np.full(8, 0.5), size=5000)
+    probs[:, 0] = 0.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    targets = np.array([rng.choice(8, p=row) for row in probs])
+    sizes = []
+    for level in (0.5, 0.8, 0.9):
+        coverage, size = answer_sets(probs, targets, level)
+        assert coverage >= 100 * level - 2.0  # the fewest classes holding at least the level
+        sizes.append(size)
+    assert sizes == sorted(sizes)
+    assert answer_sets(probs, targets, 1.0) == (100.0, 7.0)  # every class but padding

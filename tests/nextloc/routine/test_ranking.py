@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from nextloc.routine.calibration import FALLBACK_MASS
 from nextloc.routine.features import CANDIDATE_FEATURES, EXPLORE_FEATURES
+from nextloc.routine.novelty import with_new_place
 from nextloc.routine.ranking import (
-    FALLBACK_MASS,
     FLOOR,
     RULE_FEATURES,
+    Calibration,
     CandidateSet,
     RoutineRanker,
     RoutineRule,
@@ -86,3 +88,64 @@ def test_the_ranker_learns_and_reads_back_from_text() -> None:
     np.testing.assert_array_equal(RoutineRanker.from_state(state).scores(val), ranker.scores(val))
     again = RoutineRanker(seed=0).fit(train, train_target, val, val_target)
     assert again.state()["model"] == state["model"]  # the same seed fits the same trees
+
+
+def test_calibration_is_the_maximum_likelihood_on_validation() -> None:
+    """The temperature and fallback mass minimise validation's log-loss over known-place targets; a new
+    place's target (1) is left to the new-place head."""
+    rng = np.random.default_rng(3)
+    n, k = 4000, 4
+    query, place = np.repeat(np.arange(n), k), np.tile(np.arange(2, 2 + k), n)
+    scores = rng.normal(size=n * k) * 2.0
+    logits = (scores / 0.5).reshape(n, k)  # the true temperature is 0.5
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    target = 2 + (probs.cumsum(axis=1) < rng.random((n, 1))).sum(axis=1)
+    target[:400] = 9  # a known place that is not a candidate: 10% of the known targets
+    target[400:500] = 1  # new places: not counted
+    candidates = CandidateSet(query, place, np.zeros((n * k, 1)), np.zeros((n, 1)), n)
+    popularity = np.ones(12)
+    popularity[9] = 50.0  # the place outside the candidates is popular: the power that follows popularity
+    calibration = Calibration.fit(candidates, scores, target, popularity)
+    assert calibration.popularity_power == 1.0
+    assert Calibration.fit(candidates, scores, target).popularity_power == 1.0
+    assert calibration.temperature == pytest.approx(0.5, rel=0.1)
+    assert calibration.fallback_mass == pytest.approx(400 / 3900, rel=1e-4)
+    logp = log_probabilities(candidates, scores, popularity, calibration).astype(np.float64)
+    known = target >= 2
+
+    def loss(c: Calibration) -> float:
+        lp = log_probabilities(candidates, scores, popularity, c).astype(np.float64)
+        return float(-lp[np.arange(n)[known], target[known]].mean())
+
+    best = loss(calibration)
+    assert best == pytest.approx(float(-logp[np.arange(n)[known], target[known]].mean()))
+    t, m = calibration.temperature, calibration.fallback_mass
+    for other in (Calibration(), Calibration(0.6, m), Calibration(t, 0.2), Calibration(t, m, 0.0)):
+        assert loss(other) > best
+    again = Calibration.from_state(calibration.state())
+    assert again == calibration
+    assert Calibration.from_state(None) == Calibration()
+
+
+def test_scorer_state_keeps_its_calibration() -> None:
+    rule = RoutineRule(calibration=Calibration(0.8, 0.05))
+    assert RoutineRule.from_state(rule.state()).calibration == Calibration(0.8, 0.05)
+    # a state written before calibration answers as before
+    assert RoutineRule.from_state({"weights": rule.weights}).calibration == Calibration()
+
+
+def test_one_distribution_over_places_and_a_new_place() -> None:
+    candidates = CandidateSet(
+        np.array([0, 0, 1]), np.array([3, 5, 3]), np.zeros((3, 1)), np.zeros((2, 1)), n=2
+    )
+    logp = log_probabilities(candidates, np.array([2.0, 1.0, 0.0]), np.ones(7), Calibration(0.5, 0.1))
+    p_new = np.array([0.844, 0.01])
+    joint = np.exp(with_new_place(logp, p_new).astype(np.float64))
+    np.testing.assert_allclose(joint[:, 1:].sum(axis=1), 1.0, atol=1e-6)  # one distribution
+    np.testing.assert_allclose(joint[:, 1], p_new, rtol=1e-6)
+    np.testing.assert_allclose(joint[:, 2:].sum(axis=1), 1 - p_new, rtol=1e-6)
+    assert joint[0, 3] + joint[0, 5] == pytest.approx((1 - 0.844) * 0.9, rel=1e-5)
+    assert joint[0, 3] / joint[0, 5] == pytest.approx(np.e**2, rel=1e-4)  # temperature 0.5
+    assert joint[0].argmax() == 1
+    assert joint[1].argmax() == 3
