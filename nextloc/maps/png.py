@@ -170,6 +170,7 @@ def draw_answers(
         ax.set_axis_off()
     renderer = fig.canvas.get_renderer()
     fig.get_layout_engine().execute(fig)  # the final layout: the labels are placed in its pixels
+    fig.set_layout_engine("none")  # kept as it is: saving lays out nothing again
     panels = tuple(
         replace(panel, labels=place_labels(ax, labels, renderer))
         for ax, (panel, labels) in zip(axes, drawn, strict=False)
