@@ -18,6 +18,7 @@ from tasks import tracking
 from tasks.caching import Artifact, current_result
 from tasks.catalog import Catalog, require_preprocessed
 from tasks.locking import data_dir_lock
+from tasks.plots import log_comparison
 from tasks.progress import track
 from tasks.promotion import (
     DEFAULT_DECISION_METRIC,
@@ -128,8 +129,8 @@ def _record_and_decide(
     models: list[str],
     seeds: list[int],
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A parent run holding the trainings (the cached ones read back), each kind's champion decision and the
-    leaderboard: ``({parent_run_id, promotion, experiment_id, settled: False}, results)``."""
+    """A parent run holding the trainings (the cached ones read back), each kind's champion decision, the
+    leaderboard and its chart: ``({parent_run_id, promotion, experiment_id, settled: False}, results)``."""
     experiment_id = tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     parent_tags = {"data_fingerprint": data.fingerprint, **_prefect_tags()}
     parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
@@ -142,6 +143,7 @@ def _record_and_decide(
         more = (rule["match_radius_m"], rule["min_effect"])
         decisions = {k: champion_challenger(k, results, data, *args, *more) for k in rule["kinds"]}
         tracking.log_leaderboard(parent_id, board, results, decisions)
+        log_comparison(parent_id, board)
     outcome = {"parent_run_id": parent_id, "promotion": decisions, "experiment_id": experiment_id}
     return {**outcome, "settled": False}, results
 

@@ -158,7 +158,9 @@ def champion_maps(
 ) -> list[str]:
     """Draw a champion's answers for the :data:`MAP_USERS` test users with the most test samples (each asked
     at their last test target, the place they really went drawn as well: :func:`nextloc.maps.png.map_questions`)
-    and log them to the run that trained it as ``maps/<user_id>.png``.
+    and log them to the run that trained it as ``maps/<user_id>.png`` and as a web map beside it,
+    ``maps/<user_id>.html`` (:func:`nextloc.maps.answers.answers_page`; the MLflow UI shows it in place;
+    without Leaflet's files, a warning and the PNG alone).
 
     Logged when the alias moves (:mod:`tasks.promotion`), so every champion has them; a version that never
     became champion is never drawn. A user whose history is empty to the model is skipped.
@@ -166,7 +168,8 @@ def champion_maps(
     Returns:
         the artifact paths logged.
     """
-    from nextloc.maps.png import draw_answer, map_questions  # matplotlib: only drawing
+    from nextloc.maps.answers import answers_page  # folium, matplotlib: only drawing
+    from nextloc.maps.png import draw_answer, map_questions
     from tasks import tracking
 
     bundle = load_registered(kind, version, tracking_uri, experiment)
@@ -187,10 +190,17 @@ def champion_maps(
                 logger.info("no map for user %d: %s", question.user_id, err)
                 continue
             (answer,) = predict(bundle, histories, k)
-            path = Path(tmp) / f"{question.user_id}.png"
-            draw_answer(history_visits(histories, 0, bundle.locations), answer, path, question.actual)
-            tracking.log_file_artifact(run_id, path, "maps")
-            logged.append(f"maps/{path.name}")
+            history = history_visits(histories, 0, bundle.locations)
+            png, page = Path(tmp) / f"{question.user_id}.png", Path(tmp) / f"{question.user_id}.html"
+            draw_answer(history, answer, png, question.actual)
+            drawn = [png]
+            try:
+                drawn.append(answers_page([(history, answer)], page, [question.actual]).path)
+            except FileNotFoundError as err:  # Leaflet's files (Debian's libjs-leaflet): the PNG stays
+                logger.warning("no web map for user %d: %s", question.user_id, err)
+            for path in drawn:
+                tracking.log_file_artifact(run_id, path, "maps")
+                logged.append(f"maps/{path.name}")
     return logged
 
 

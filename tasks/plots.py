@@ -1,12 +1,20 @@
-"""PNG charts that people look at in the MLflow UI (matplotlib, headless)."""
+"""Charts that people look at in the MLflow UI (matplotlib, headless): a model run's training curves and
+per-user accuracy, and the parent run's comparison of the kinds."""
 
 from __future__ import annotations
 
+import logging
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from nextloc.storage import write_with
+
+logger = logging.getLogger(__name__)
+
+COMPARISON = "leaderboard_chart"  # the parent run's chart, beside leaderboard.json: .png and .html
 
 
 def _pyplot():
@@ -57,3 +65,31 @@ def plot_per_user(per_user: pd.DataFrame, path: Path, title: str) -> Path:
     write_with(lambda tmp: fig.savefig(tmp, dpi=100, format="png"), path)
     plt.close(fig)
     return path
+
+
+def log_comparison(parent_run_id: str, board: dict[str, Any]) -> list[str]:
+    """The kinds compared (test place Acc@1 and MRR, mean ± std over seeds:
+    :func:`nextloc.evaluation.comparison.draw_comparison`) on a training's parent run, beside its
+    ``leaderboard.json``: ``leaderboard_chart.png`` and ``leaderboard_chart.html``. A chart that cannot be
+    drawn is a warning, never a failed training.
+
+    Returns:
+        the artifact paths logged.
+    """
+    from nextloc.evaluation.comparison import draw_comparison
+    from tasks import tracking
+
+    title = "test place Acc@1 and place MRR per model kind (mean ± std over seeds)"
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            chart = draw_comparison(
+                board, Path(tmp) / f"{COMPARISON}.png", Path(tmp) / f"{COMPARISON}.html", title
+            )
+        except (ValueError, OSError) as err:
+            logger.warning(
+                "no comparison chart on parent run %s (%s: %s)", parent_run_id, type(err).__name__, err
+            )
+            return []
+        for path in (chart.png, chart.html):
+            tracking.log_file_artifact(parent_run_id, path)
+    return [f"{COMPARISON}.png", f"{COMPARISON}.html"]

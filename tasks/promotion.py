@@ -11,7 +11,7 @@ decision metric (a place metric by default) *and* a paired bootstrap over the sa
 whose data changed since the champion was trained, unchanged users, new users) and the decision are
 recorded on the MLflow parent run, the challenger's run and the challenger's registry version
 (:func:`tasks.versions.record_decision`). A new champion's run also gets its answers for a few test users
-drawn on maps (``maps/<user_id>.png``, :func:`tasks.evaluate.champion_maps`).
+drawn on maps (``maps/<user_id>.png`` and ``.html``, :func:`tasks.evaluate.champion_maps`).
 """
 
 from __future__ import annotations

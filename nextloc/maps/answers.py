@@ -8,7 +8,8 @@ layer last ticked). A layer holds:
   never print over each other), red where the visit was at a place the model never saw, the latest visit
   with a thick ring; a popup each (visit numbers, times, place);
 * **the answer**: the top-k places as orange circles whose area grows with the probability, labelled
-  ``#rank``, a popup each with the rank, probability, visits in the training data and the centre.
+  ``#rank``, a popup each with the rank, probability, visits in the training data and the centre;
+* **the actual next place**, when known (a test sample: a champion's maps in MLflow), a green circle.
 
 The legend gives each history's P(new place). The page is built by :mod:`nextloc.maps.web` (Leaflet
 inlined, OpenStreetMap tiles when online). What each layer holds is returned (:class:`WebMap`), so a
@@ -37,24 +38,25 @@ logger = logging.getLogger(__name__)
 __all__ = ["MAX_LAYERS", "MapLayer", "WebMap", "answers_page", "predictions_page"]
 
 MAX_LAYERS = 50  # histories drawn by predictions_page: the first ones
-VISIT, NEW_VISIT, PLACE, LATEST = "#1f77b4", "#d62728", "#ff7f0e", "#08306b"
+VISIT, NEW_VISIT, PLACE, LATEST, ACTUAL = "#1f77b4", "#d62728", "#ff7f0e", "#08306b", "#2ca02c"
 
 
 @dataclass(frozen=True)
 class MapLayer:
-    """What one history's layer holds: its name, visited spots, places drawn (those with coordinates) and
-    P(new place) (None: the model has no new-place head)."""
+    """What one history's layer holds: its name, visited spots, places drawn (those with coordinates),
+    P(new place) (None: the model has no new-place head) and whether the actual next place is drawn."""
 
     name: str
     spots: int
     places: int
     visits: int
     p_new_place: float | None
+    actual: bool = False
 
     @property
     def markers(self) -> int:
-        """Circles: one per spot and per place, each with a popup."""
-        return self.spots + self.places
+        """Circles: one per spot, per place and for the actual next place, each with a popup."""
+        return self.spots + self.places + int(self.actual)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,11 @@ def predictions_page(
     return answers_page(items, path)
 
 
-def answers_page(items: Sequence[tuple[pd.DataFrame, Mapping[str, Any]]], path: Path) -> WebMap:
+def answers_page(
+    items: Sequence[tuple[pd.DataFrame, Mapping[str, Any]]],
+    path: Path,
+    actuals: Sequence[tuple[float, float] | None] = (),
+) -> WebMap:
     """``(history, answer)`` pairs on one page (see the module docstring), written to ``path``.
 
     Args:
@@ -91,6 +97,7 @@ def answers_page(items: Sequence[tuple[pd.DataFrame, Mapping[str, Any]]], path: 
             saw) and ``started_at``: :func:`nextloc.predict.histories.history_visits`) and its answer
             (:func:`nextloc.predict.answer.predict`).
         path: the ``.html`` file to write.
+        actuals: per item, ``(latitude, longitude)`` of where the user really went next, if known.
 
     Raises:
         ValueError: no answer, or nothing to draw (no visit and no place with coordinates).
@@ -100,13 +107,16 @@ def answers_page(items: Sequence[tuple[pd.DataFrame, Mapping[str, Any]]], path: 
 
     if not items:
         raise ValueError("no answer to draw")
-    bounds = _bounds(*items[0])
+    known = [*actuals, *[None] * (len(items) - len(actuals))]
+    bounds = _bounds(*items[0], known[0])
     if bounds is None:
         raise ValueError(
             "nothing to draw: the first history has no visit and its answer no place with coordinates"
         )
     fmap = new_map(bounds)
-    layers = tuple(_add_layer(fmap, history, answer, i == 0) for i, (history, answer) in enumerate(items))
+    layers = tuple(
+        _add_layer(fmap, history, answer, known[i], i == 0) for i, (history, answer) in enumerate(items)
+    )
     _add_layer_control(fmap, layers)
     add_legend(fmap, _legend(layers))
     title = f"nextloc: {len(layers)} answer(s)"
@@ -115,13 +125,16 @@ def answers_page(items: Sequence[tuple[pd.DataFrame, Mapping[str, Any]]], path: 
     return WebMap(Path(path), layers)
 
 
-def _bounds(history: pd.DataFrame, answer: Mapping[str, Any]) -> list[list[float]] | None:
-    """``[[south, west], [north, east]]`` of a history and the places the PNG maps would frame
-    (:func:`nextloc.maps.png.in_view`: a place far away would shrink the history to a dot)."""
+def _bounds(
+    history: pd.DataFrame, answer: Mapping[str, Any], actual: tuple[float, float] | None
+) -> list[list[float]] | None:
+    """``[[south, west], [north, east]]`` of a history, the actual next place and the places the PNG maps
+    would frame (:func:`nextloc.maps.png.in_view`: a place far away would shrink the history to a dot)."""
     visits = history[["latitude", "longitude"]].to_numpy(float).reshape(-1, 2)
     places = _places(answer)
     place_ll = np.array([[p["latitude"], p["longitude"]] for p in places], float).reshape(-1, 2)
-    points = np.concatenate([visits, place_ll[in_view(visits, place_ll, np.empty((0, 2)))]])
+    actual_ll = np.array([actual] if actual else [], float).reshape(-1, 2)
+    points = np.concatenate([visits, place_ll[in_view(visits, place_ll, actual_ll)], actual_ll])
     points = points[np.isfinite(points).all(axis=1)]
     if not len(points):
         return None
@@ -132,7 +145,13 @@ def _places(answer: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [p for p in answer.get("places", []) if p.get("latitude") is not None]
 
 
-def _add_layer(fmap: Any, history: pd.DataFrame, answer: Mapping[str, Any], show: bool) -> MapLayer:
+def _add_layer(
+    fmap: Any,
+    history: pd.DataFrame,
+    answer: Mapping[str, Any],
+    actual: tuple[float, float] | None,
+    show: bool,
+) -> MapLayer:
     import folium
 
     name = _layer_name(answer, len(history))
@@ -140,6 +159,8 @@ def _add_layer(fmap: Any, history: pd.DataFrame, answer: Mapping[str, Any], show
     places = _places(answer)
     for place in places:  # under the history: a visit's circle stays clickable over its place's
         _add_place(group, place)
+    if actual is not None:
+        _add_actual(group, actual)
     coords = history[["latitude", "longitude"]].to_numpy(float).reshape(-1, 2)
     if len(coords) >= 2:
         folium.PolyLine(coords.tolist(), color=VISIT, weight=2.5, opacity=0.7).add_to(group)
@@ -147,7 +168,8 @@ def _add_layer(fmap: Any, history: pd.DataFrame, answer: Mapping[str, Any], show
     for spot in spots:
         _add_spot(group, spot, len(history))
     p_new = answer.get("p_new_place")
-    return MapLayer(name, len(spots), len(places), len(history), None if p_new is None else float(p_new))
+    p_new = None if p_new is None else float(p_new)
+    return MapLayer(name, len(spots), len(places), len(history), p_new, actual is not None)
 
 
 @dataclass
@@ -237,6 +259,26 @@ def _add_place(group: Any, place: Mapping[str, Any]) -> None:
     add_popup(marker, "<br>".join(lines))
 
 
+def _add_actual(group: Any, actual: tuple[float, float]) -> None:
+    import folium
+
+    from nextloc.maps.web import add_popup
+
+    marker = folium.CircleMarker(
+        [float(actual[0]), float(actual[1])],
+        radius=7,
+        color="#145214",
+        weight=2,
+        fill=True,
+        fill_color=ACTUAL,
+        fill_opacity=0.9,
+    ).add_to(group)
+    marker.add_child(
+        folium.Tooltip("actual next place", permanent=True, direction="left", class_name="nextloc-label")
+    )
+    add_popup(marker, f"<b>where the user really went next</b><br>at {actual[0]:.5f}, {actual[1]:.5f}")
+
+
 def _layer_name(answer: Mapping[str, Any], n_visits: int) -> str:
     who = f"user {answer['user_id']}" if "user_id" in answer else f"user index {answer.get('user', '?')}"
     if answer.get("history_id") is not None:
@@ -271,6 +313,9 @@ def _legend(layers: Sequence[MapLayer]) -> str:
         f'<span style="color:{LATEST}">&#9711;</span> the latest<br>'
         f'<span style="color:{PLACE}">&#11044;</span> predicted next places #rank (area &prop; probability)'
     )
+    if any(layer.actual for layer in layers):
+        key += f'<br><span style="color:{ACTUAL}">&#9679;</span> the actual next place'
+
     rows = "".join(
         f"<li>{escape(layer.name)}: P(new place) "
         f"{'n/a (no new-place head)' if layer.p_new_place is None else f'{layer.p_new_place:.3f}'}</li>"

@@ -16,6 +16,9 @@ Decisions:
   the probability, labelled ``#rank``, and a key in the corner with each place's probability; the title
   gives the user, the time asked and P(new place). An optional ``actual`` place (what the user really did
   next, for a test sample) is a star.
+* **Labels never cover each other**: once the layout is final, the ranks (first) and the visit numbers
+  are moved to the first free spot around their point (:func:`nextloc.maps.labels.place_labels`), with a
+  leader line when pushed away from it.
 * **The view** frames the history, the actual place, the first place and every place within
   :data:`VIEW_REACH` times their reach (at least :data:`MIN_REACH_M`): one place 20 km away would shrink
   a history of a few streets to a dot, so such a place is drawn outside the view and the key gives its
@@ -29,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from nextloc.atomic import atomic_path
+from nextloc.maps.labels import Placed, place_labels
 from nextloc.predict.answer import visits_at_centres
 from nextloc.predict.histories import Histories, history_visits
 from nextloc.preprocessing.sequences import FIRST_PLACE
@@ -67,6 +71,9 @@ PLACES_LABEL = "predicted next places (area ∝ probability)"
 VIEW_REACH = 3.0  # places within this many times the history's reach are framed; farther ones are listed
 MIN_REACH_M = 2000.0
 COMPASS = ("N", "NE", "E", "SE", "S", "SW", "W", "NW")
+# the visit numbers and ranks: offset from their point, above the markers, no part in the layout (they are
+# placed once it is final: nextloc.maps.labels)
+LABEL = {"textcoords": "offset points", "zorder": 7, "in_layout": False}
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Panel:
         actual: ``(1, 2)`` the actual next place, or ``(0, 2)``.
         in_view: ``(k,)`` which places the view frames (a far one is drawn outside it and listed).
         place_lines: the key in the panel's corner, one line per place.
+        labels: the ranks, then the visit numbers, as drawn (their boxes in pixels).
     """
 
     title: str
@@ -96,6 +104,7 @@ class Panel:
     actual: np.ndarray
     in_view: np.ndarray
     place_lines: tuple[str, ...]
+    labels: tuple[Placed, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,9 +165,16 @@ def draw_answers(
     fig = Figure(figsize=(PANEL_INCHES * columns, PANEL_INCHES * rows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
-    panels = tuple(_draw_panel(ax, *item) for ax, item in zip(axes, items, strict=False))
+    drawn = [_draw_panel(ax, *item) for ax, item in zip(axes, items, strict=False)]
     for ax in axes[len(items) :]:
         ax.set_axis_off()
+    renderer = fig.canvas.get_renderer()
+    fig.get_layout_engine().execute(fig)  # the final layout: the labels are placed in its pixels
+    fig.set_layout_engine("none")  # kept as it is: saving lays out nothing again
+    panels = tuple(
+        replace(panel, labels=place_labels(ax, labels, renderer))
+        for ax, (panel, labels) in zip(axes, drawn, strict=False)
+    )
     path = Path(path)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=DPI)
@@ -240,7 +256,8 @@ def map_questions(
 
 def _draw_panel(
     ax: Any, history: pd.DataFrame, answer: Mapping[str, Any], actual: tuple[float, float] | None
-) -> Panel:
+) -> tuple[Panel, list[Any]]:
+    """One answer on ``ax``: what was drawn, and its labels (ranks first) for :func:`place_labels`."""
     places = [p for p in answer.get("places", []) if "latitude" in p]
     place_ll = np.array([[p["latitude"], p["longitude"]] for p in places], float).reshape(-1, 2)
     probabilities = np.array([p["probability"] for p in places], float)
@@ -255,8 +272,8 @@ def _draw_panel(
     unit_m = 1000.0 if span_m > KM_ABOVE_M else 1.0
     new = history["place"].to_numpy() == 1 if "place" in history else np.zeros(len(history), bool)
     tolerance = max(span_m, MIN_SPAN_M) / unit_m / 60  # about 10 pixels of a 640-pixel panel
-    line = _draw_history(ax, project(*hist_ll.T, origin, unit_m), new, tolerance)
-    discs = _draw_places(ax, project(*place_ll.T, origin, unit_m), places)
+    line, visit_labels = _draw_history(ax, project(*hist_ll.T, origin, unit_m), new, tolerance)
+    discs, rank_labels = _draw_places(ax, project(*place_ll.T, origin, unit_m), places)
     star = ax.scatter(*project(*actual_ll.T, origin, unit_m).T, marker="*", s=260, c="tab:green")
     star.set(edgecolor="black", linewidth=0.6, zorder=6)
     if actual:
@@ -271,7 +288,7 @@ def _draw_panel(
     ax.text(1.0, -0.09, "\n".join(lines), transform=ax.transAxes, fontsize=7, ha="right", va="top")
     title = _title(answer, len(history))
     ax.set_title(title, fontsize=10)
-    return Panel(
+    panel = Panel(
         title=title,
         origin=(float(origin[0]), float(origin[1])),
         unit_m=unit_m,
@@ -283,6 +300,7 @@ def _draw_panel(
         in_view=framed,
         place_lines=tuple(lines),
     )
+    return panel, [*rank_labels, *visit_labels]
 
 
 def in_view(history: np.ndarray, places: np.ndarray, actual: np.ndarray) -> np.ndarray:
@@ -311,26 +329,26 @@ def _place_lines(places: list[Mapping[str, Any]], offsets_m: np.ndarray, in_view
     return lines
 
 
-def _draw_history(ax: Any, xy: np.ndarray, new: np.ndarray, tolerance: float) -> Any:
-    """The visits in order: the line (returned), the points, their numbers (one label for the visits within
-    ``tolerance`` of each other), the last move and the latest."""
+def _draw_history(ax: Any, xy: np.ndarray, new: np.ndarray, tolerance: float) -> tuple[Any, list[Any]]:
+    """The visits in order: the line, the points, their numbers (one label for the visits within
+    ``tolerance`` of each other), the last move and the latest; returns the line and the labels."""
     (line,) = ax.plot(xy[:, 0], xy[:, 1], "-", color="tab:blue", linewidth=1.2, alpha=0.6, zorder=2)
     line.set_label(f"history ({len(xy)} visits, numbered in order)" if len(xy) else "_none")
     known = ~new
     ax.scatter(xy[known, 0], xy[known, 1], s=22, c="tab:blue", edgecolor="white", linewidth=0.5, zorder=4)
     if new.any():
         ax.scatter(*xy[new].T, s=40, marker="x", c="tab:red", zorder=4, label="visit at a new place")
-    for (x, y), label in _visit_labels(xy, tolerance).items():
-        ax.annotate(
-            label, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7, color="navy", zorder=7
-        )
+    labels = [
+        ax.annotate(label, spot, xytext=(4, 4), fontsize=7, color="navy", **LABEL)
+        for spot, label in _visit_labels(xy, tolerance).items()
+    ]
     if len(xy) >= 2 and not np.allclose(xy[-2], xy[-1]):
         arrow = {"arrowstyle": "-|>", "color": "tab:blue", "linewidth": 1.6, "mutation_scale": 14}
         ax.annotate("", xy=tuple(xy[-1]), xytext=tuple(xy[-2]), arrowprops=arrow, zorder=5)
     if len(xy):
         ax.scatter(*xy[-1], s=150, facecolor="none", edgecolor="navy", linewidth=1.5, zorder=5)
         ax.scatter([], [], s=60, facecolor="none", edgecolor="navy", label="latest visit")
-    return line
+    return line, labels
 
 
 def _visit_labels(xy: np.ndarray, tolerance: float) -> dict[tuple[float, float], str]:
@@ -353,8 +371,9 @@ def visit_label(numbers: Sequence[int]) -> str:
     return ",".join(map(str, n)) if len(n) <= 4 else f"{n[0]},{n[1]},…,{n[-1]}"
 
 
-def _draw_places(ax: Any, xy: np.ndarray, places: list[Mapping[str, Any]]) -> Any:
-    """The predicted places, area growing with the probability, labelled ``#rank`` (returned: the discs)."""
+def _draw_places(ax: Any, xy: np.ndarray, places: list[Mapping[str, Any]]) -> tuple[Any, list[Any]]:
+    """The predicted places, area growing with the probability, labelled ``#rank``; returns the discs and
+    the labels."""
     probabilities = np.array([p["probability"] for p in places], float)
     discs = ax.scatter(
         xy[:, 0],
@@ -368,11 +387,11 @@ def _draw_places(ax: Any, xy: np.ndarray, places: list[Mapping[str, Any]]) -> An
     )
     if len(xy):  # the legend's marker at a fixed size (the discs' own would be the largest)
         ax.scatter([], [], s=90, c="tab:orange", alpha=0.45, edgecolor="darkorange", label=PLACES_LABEL)
-    for (x, y), place in zip(xy, places, strict=True):
-        ax.annotate(
-            f"#{place['rank']}", (x, y), xytext=(5, -11), textcoords="offset points", fontsize=8, zorder=7
-        )
-    return discs
+    labels = [
+        ax.annotate(f"#{place['rank']}", (x, y), xytext=(5, -11), fontsize=8, **LABEL)
+        for (x, y), place in zip(xy, places, strict=True)
+    ]
+    return discs, labels
 
 
 def _frame(ax: Any, xy: np.ndarray, origin: tuple[float, float], unit_m: float) -> np.ndarray:

@@ -213,8 +213,9 @@ def _chromium(extra_flags: tuple[str, ...] = (), console: bool = False) -> Itera
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
-    """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile; never Selenium Manager."""
-    yield from _chromium()
+    """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile, its console log kept
+    (``driver.get_log("browser")``); never Selenium Manager."""
+    yield from _chromium(console=True)
 
 
 #: no network at all: every host name fails to resolve, every request goes to a proxy that is not there

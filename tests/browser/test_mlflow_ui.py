@@ -126,3 +126,103 @@ def test_parent_run_links_its_prefect_flow_run(browser, stack):
     _wait(browser).until(lambda d: "Test leaderboard" in d.find_element(By.TAG_NAME, "body").text)
     links = [a.get_attribute("href") or "" for a in browser.find_elements(By.TAG_NAME, "a")]
     assert f"{stack.prefect_url}/runs/flow-run/{stack.flow_run_id}" in links
+
+
+# the Leaflet map of a page (found without Object.values(window): a sandboxed frame has no localStorage to
+# read) and its circles with a popup each
+MAP_CIRCLES = """
+let map = null;
+for (const key of Object.getOwnPropertyNames(window)) {
+    try { if (window.L && window[key] instanceof L.Map) { map = window[key]; break; } } catch (e) {}
+}
+if (!map) return null;
+let circles = 0, popups = 0;
+map.eachLayer(layer => { if (layer instanceof L.CircleMarker) { circles += 1; if (layer.getPopup()) popups += 1; } });
+return {circles: circles, popups: popups};
+"""
+REQUESTS = "return performance.getEntriesByType('resource').map(e => e.name);"
+
+
+def _open_artifact(driver, stack, run_id: str, path: str) -> None:
+    """The run's Artifacts tab, the folders on ``path`` opened, then the file itself; waits for it."""
+    driver.get(f"{stack.mlflow_url}/#/experiments/{stack.experiment_id}/runs/{run_id}/artifacts")
+    *folders, name = path.split("/")
+    for folder in folders:
+        _click(driver, f"//*[normalize-space(text())='{folder}']")
+    _click(driver, f"//*[normalize-space(text())='{name}']")
+    quoted = path.replace("/", "%2F")
+    _wait(driver).until(
+        lambda d: any(f"get-artifact?path={quoted}&" in r for r in d.execute_script(REQUESTS))
+    )
+
+
+def _listed(driver, names) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    for name in names:
+        _wait(driver).until(
+            ec.presence_of_element_located((By.XPATH, f"//*[normalize-space(text())='{name}']"))
+        )
+
+
+def _script_errors(driver) -> list[str]:
+    """The console's errors since the last call, but the UI's own request for a user (404 without auth)."""
+    return [
+        e["message"]
+        for e in driver.get_log("browser")
+        if e["level"] == "SEVERE"
+        and not (e["source"] == "network" and "/mlflow/users/current" in e["message"])
+    ]
+
+
+def test_parent_run_shows_the_comparison_chart_beside_the_leaderboard(browser, stack, screenshot):
+    """The parent run's artifacts: leaderboard.json with leaderboard_chart.png and .html beside it; the page
+    opens in place (MLflow's HTML preview) with the chart and a row per kind, and nothing fails."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    browser.get_log("browser")
+    _open_artifact(browser, stack, stack.parent_run_id, "leaderboard_chart.html")
+    _listed(browser, ("leaderboard.json", "leaderboard_chart.png", "leaderboard_chart.html"))
+    _wait(browser).until(ec.frame_to_be_available_and_switch_to_it((By.TAG_NAME, "iframe")))
+    try:
+        rows = _wait(browser).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#comparison tr"))
+        kinds = [r.find_elements(By.TAG_NAME, "td")[0].text for r in rows[1:]]
+        assert sorted(kinds) == ["markov", "pointer_plus"]
+        assert len(browser.find_elements(By.TAG_NAME, "svg")) == 1
+    finally:
+        browser.switch_to.default_content()
+    screenshot(browser, "mlflow-parent-comparison-chart")
+    _click(browser, "//*[normalize-space(text())='leaderboard_chart.png']")
+    _wait(browser).until(
+        lambda d: any("get-artifact?path=leaderboard_chart.png&" in r for r in d.execute_script(REQUESTS))
+    )
+    assert _script_errors(browser) == []
+
+
+def test_a_champions_maps_are_web_pages_in_the_ui(browser, stack, screenshot):
+    """The pointer_plus champion's run lists maps/<user>.html beside each maps/<user>.png; a page opens in
+    place with its Leaflet map: every circle (visits, places, the actual next place) has a popup."""
+    from mlflow import MlflowClient
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    client = MlflowClient(stack.tracking_uri, stack.tracking_uri)
+    run_id = client.get_model_version_by_alias("nextloc-pointer_plus", "champion").run_id
+    logged = sorted(a.path.removeprefix("maps/") for a in client.list_artifacts(run_id, "maps"))
+    users = sorted({name.split(".")[0] for name in logged})
+    assert logged == sorted(f"{u}.{suffix}" for u in users for suffix in ("html", "png"))
+    assert len(users) == 3
+    browser.get_log("browser")
+    _open_artifact(browser, stack, run_id, f"maps/{users[0]}.html")
+    _listed(browser, logged)
+    _wait(browser).until(ec.frame_to_be_available_and_switch_to_it((By.TAG_NAME, "iframe")))
+    try:
+        shown = _wait(browser).until(lambda d: d.execute_script(MAP_CIRCLES))
+        assert shown["circles"] == shown["popups"] >= 2
+        assert f"user {users[0]} at" in browser.find_element(By.TAG_NAME, "body").text
+    finally:
+        browser.switch_to.default_content()
+    screenshot(browser, "mlflow-champion-map")
+    assert _script_errors(browser) == []

@@ -417,7 +417,9 @@ def test_the_map_of_a_real_user_holds_their_visits_and_places(store, sample_dir,
 
 def test_each_champion_has_maps_of_three_test_users(store, tmp_path):
     """The promotion logs the champion's answers for the 3 users with the most test samples (ties: the lower
-    id) to the champion's run as maps/<user_id>.png."""
+    id) to the champion's run as maps/<user_id>.png and the web map beside it, maps/<user_id>.html (Leaflet
+    inside, the actual next place drawn when known)."""
+    from nextloc.maps.web import external_references
     from tasks import tracking
     from tasks.versions import champion_holder
 
@@ -430,9 +432,16 @@ def test_each_champion_has_maps_of_three_test_users(store, tmp_path):
     for kind in ("markov", "pointer_plus", "ranker"):
         holder = champion_holder(kind)
         folder = tracking.download_run_artifacts(holder.run_id, "maps", tmp_path / kind)
-        assert sorted(p.name for p in folder.iterdir()) == sorted(f"{u}.png" for u in expected), kind
-        for png in folder.iterdir():
+        names = sorted(p.name for p in folder.iterdir())
+        assert names == sorted(f"{u}.{suffix}" for u in expected for suffix in ("png", "html")), kind
+        for png in folder.glob("*.png"):
             assert _png_size(png) == (640, 640)
+        pages = {page.stem: page.read_text() for page in folder.glob("*.html")}
+        for user, html in pages.items():
+            assert external_references(html) == []
+            assert f"user {user} at" in html
+        # where the user really went, unless that was a new place (no centre)
+        assert any("the actual next place" in html for html in pages.values()), kind
 
 
 def test_nextloc_serve_answers_without_the_venv_on_path(store, two_histories, tmp_path):

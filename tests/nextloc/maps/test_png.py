@@ -5,6 +5,7 @@ three places in Beijing); the choice of test users for a champion's maps is chec
 
 from __future__ import annotations
 
+import itertools
 import struct
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from nextloc.config import PreprocessConfig
 from nextloc.io.visits import validate_visits
+from nextloc.maps.labels import boxes_overlap
 from nextloc.maps.png import (
     EARTH_RADIUS_M,
     draw_answer,
@@ -187,6 +189,36 @@ def test_a_samples_history_is_drawn_at_the_centres_without_its_new_places(
     assert drawn["latitude"].tolist() == pytest.approx([BASE[0], north(500)[0], BASE[0]])
     with pytest.raises(ValueError, match="needs the model's vocabulary"):
         history_visits(histories, 0, None)
+
+
+def test_labels_of_close_places_and_visits_never_cover_each_other(tmp_path: Path) -> None:
+    """User 163's map had ``#3`` and ``#5`` on top of each other: five places within 60 m of each other on a
+    5 km map, and visits beside them. Every rank and visit label is drawn, no two boxes meet, and the same
+    answer draws the same bytes."""
+    model, histories, answer = answered()
+    close = [
+        {
+            "rank": r,
+            "location_id": 20 + r,
+            "latitude": north(15 * r)[0],
+            "longitude": BASE[1],
+            "probability": p,
+        }
+        for r, p in zip(range(1, 6), (0.4, 0.2, 0.1, 0.05, 0.02), strict=True)
+    ]
+    answer = {**answer, "places": close}
+    history = history_visits(histories, 0, model.locations)
+    drawn = draw_answer(history, answer, tmp_path / "close.png", actual=north(30))
+    (panel,) = drawn.panels
+    texts = [label.text for label in panel.labels]
+    assert texts[:5] == ["#1", "#2", "#3", "#4", "#5"]
+    assert len(texts) == 5 + 3  # the visits at BASE and 20 m north share a label: "1,4"
+    assert all(label.ring >= 1 for label in panel.labels)
+    for a, b in itertools.combinations(panel.labels, 2):
+        assert not boxes_overlap(a.box, b.box), (a, b)
+    again = draw_answer(history, answer, tmp_path / "again.png", actual=north(30))
+    assert again.panels[0].labels == panel.labels
+    assert (tmp_path / "again.png").read_bytes() == (tmp_path / "close.png").read_bytes()
 
 
 def test_nothing_to_draw_is_an_error(tmp_path: Path) -> None:

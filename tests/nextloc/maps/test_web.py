@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -63,6 +65,24 @@ def test_the_answers_page_holds_leaflet_and_a_layer_per_history(leaflet, tmp_pat
     # the same inputs write the same page (folium's random ids are numbered)
     again = answers_page([(history, answer), (history.iloc[:2], second)], tmp_path / "again.html")
     assert again.path.read_bytes() == page.path.read_bytes()
+
+
+def test_the_actual_next_place_is_a_circle_of_its_layer(leaflet, tmp_path, web_answer):
+    """A champion's maps in MLflow know where the user really went: a green circle with a popup, in the
+    view, keyed in the legend; a layer without one draws none."""
+    from nextloc.maps.answers import answers_page
+
+    history, answer = web_answer
+    actual = (float(history["latitude"].max()) + 0.01, float(history["longitude"].min()))
+    page = answers_page([(history, answer), (history, answer)], tmp_path / "actual.html", [actual])
+    first, other = page.layers
+    assert (first.actual, other.actual) == (True, False)
+    assert page.markers == 2 * (first.spots + first.places) + 1
+    html = page.path.read_text()
+    assert "the actual next place" in html
+    assert f"at {actual[0]:.5f}, {actual[1]:.5f}" in html
+    bounds = re.search(r"\.fitBounds\(\s*(\[\[[^\]]*\], \[[^\]]*\]\])", html).group(1)
+    assert json.loads(bounds)[1][0] == pytest.approx(actual[0])  # the view frames it: its north edge
 
 
 def test_nothing_to_draw_is_an_error(leaflet, tmp_path, web_answer):
