@@ -23,12 +23,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from services import local_api  # noqa: E402
 
 CLIENT = """
 import json, sys, time
@@ -63,18 +63,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_healthy(url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"no answer from {url} in {timeout_s} s")
-
-
 def run_server(label: str, clients: int, seconds: float) -> dict[str, Any]:
     """One server in a fresh home, ``clients`` client processes against it; what they and its log show."""
     home = Path(tempfile.mkdtemp(prefix=f"nextloc-api-load-{label}-"))
@@ -90,8 +78,9 @@ def run_server(label: str, clients: int, seconds: float) -> dict[str, Any]:
             [*server_cmd, "--port", str(port)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        url = f"http://127.0.0.1:{port}/api"
-        _wait_healthy(url)
+        api = local_api.LocalAPI(home, server.pid, port, started_here=True)
+        api.wait(120)  # as a command waits: fails with the server's log if it exits or does not answer
+        url = api.url
         client_env = {**env, "PREFECT_API_URL": url, "PREFECT_LOGGING_LEVEL": "WARNING"}
         procs = [
             subprocess.Popen(

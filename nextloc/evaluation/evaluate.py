@@ -115,11 +115,11 @@ def score_split(
             batch_features = novelty_features(scores, batch).cpu()
             features.append(batch_features)
             if head is not None:
+                rows = batch.index.cpu().numpy()
                 x = batch_features.numpy().astype(np.float64)
                 if explore is not None:
-                    x = np.column_stack([x, explore[batch.index.cpu().numpy()]])
+                    x = np.column_stack([x, explore[rows]])
                 joint = with_new_place(scores.cpu().numpy(), head.predict(x))
-                rows = batch.index.cpu().numpy()
                 top_p[rows] = np.exp(joint.max(axis=1).astype(np.float64))
                 top_hit[rows] = joint.argmax(axis=1) == batch.target.cpu().numpy()
                 scores = torch.from_numpy(joint).to(scores.device)
