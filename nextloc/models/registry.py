@@ -236,6 +236,13 @@ _ENTRIES = (
         log_prob_output=True,
         model="nextloc.routine.ranking:RoutineRanker",
     ),
+    Kind(
+        name="ranker_refit",
+        family="routine",
+        description="the ranker's trees refit on train + val (outside the reference data budget)",
+        log_prob_output=True,
+        model="nextloc.routine.ranking:RoutineRanker",
+    ),
 )
 
 KINDS: Mapping[str, Kind] = MappingProxyType({entry.name: entry for entry in _ENTRIES})

@@ -6,6 +6,9 @@
   leaving); the weights are chosen on validation (coordinate search over a fixed grid, place MRR).
 * ``ranker``: LightGBM's LambdaRank over every routine feature, fit on the train split's questions, its
   number of trees chosen on validation (early stopping).
+* ``ranker_refit``: the ``ranker``'s choices (its number of trees, its calibration) with the trees refit on
+  the train and validation questions: what a team deploys, outside the reference data budget (it trains on
+  validation), never a headline; its validation metrics are those of the ``ranker`` it was chosen with.
 
 Both answer with log-probabilities over the known places, calibrated on validation (:class:`Calibration`):
 the candidates share ``1 - fallback_mass`` by a softmax of their scores over a temperature, every other
@@ -72,7 +75,7 @@ RANKER_PARAMS: dict[str, Any] = {
     "verbose": -1,
 }
 # the registry's routine kinds (nextloc.models.registry, whose import loads torch: a routine answer needs none)
-ROUTINE_KINDS = ("routine", "ranker")
+ROUTINE_KINDS = ("routine", "ranker", "ranker_refit")
 RANKER_MAX_TREES = 2000
 RANKER_PATIENCE = 100
 
@@ -103,6 +106,25 @@ class CandidateSet:
     def labels(self, target: np.ndarray) -> np.ndarray:
         """``(R,)`` 1 where the candidate is its question's target, else 0."""
         return (self.place == np.asarray(target)[self.query]).astype(np.int64)
+
+    def concat(self, other: CandidateSet) -> CandidateSet:
+        """Both sets' questions in one set, ``other``'s after these (their targets concatenate alike)."""
+        return CandidateSet(
+            np.concatenate([self.query, other.query + self.n]),
+            np.concatenate([self.place, other.place]),
+            np.concatenate([self.features, other.features]),
+            np.concatenate([self.explore, other.explore]),
+            self.n + other.n,
+        )
+
+    def ranking_rows(self, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """LightGBM's ranking data of the questions whose target is a candidate (the others carry no
+        ranking signal): ``(features, labels, group sizes)``."""
+        labels = self.labels(target)
+        has_target = np.bincount(self.query, weights=labels, minlength=self.n) > 0
+        rows = has_target[self.query]
+        groups = np.bincount(self.query[rows], minlength=self.n)[has_target]
+        return self.features[rows], labels[rows], groups
 
 
 class CandidateScorer(Protocol):
@@ -197,20 +219,12 @@ class RoutineRanker:
             self.booster = lightgbm.Booster(model_str=model)
 
     def fit(self, train: CandidateSet, train_target: np.ndarray, val: CandidateSet, val_target: np.ndarray):
-        """Fit on train's questions that have their target among the candidates (the others carry no
-        ranking signal); stop adding trees when validation has not improved for ``RANKER_PATIENCE``."""
+        """Fit on train's questions that have their target among the candidates; stop adding trees when
+        validation has not improved for ``RANKER_PATIENCE``."""
         import lightgbm
 
-        labels = train.labels(train_target)
-        has_target = np.bincount(train.query, weights=labels, minlength=train.n) > 0
-        rows = has_target[train.query]
-        names = list(CANDIDATE_FEATURES)
-        fit_set = lightgbm.Dataset(
-            train.features[rows],
-            labels[rows],
-            group=np.bincount(train.query[rows], minlength=train.n)[has_target],
-            feature_name=names,
-        )
+        features, labels, groups = train.ranking_rows(train_target)
+        fit_set = lightgbm.Dataset(features, labels, group=groups, feature_name=list(CANDIDATE_FEATURES))
         sizes = np.bincount(val.query, minlength=val.n)
         val_set = lightgbm.Dataset(
             val.features, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
@@ -224,6 +238,20 @@ class RoutineRanker:
             callbacks=[lightgbm.early_stopping(RANKER_PATIENCE, verbose=False)],
         )
         return self
+
+    def refit(self, questions: CandidateSet, target: np.ndarray) -> RoutineRanker:
+        """A new ranker with this one's seed, number of trees and calibration, its trees fit on ``questions``
+        (train and validation's, for ``ranker_refit``); nothing is chosen on them."""
+        import lightgbm
+
+        features, labels, groups = questions.ranking_rows(target)
+        refit = RoutineRanker(self.seed, calibration=self.calibration)
+        refit.booster = lightgbm.train(
+            {**RANKER_PARAMS, "seed": self.seed},
+            lightgbm.Dataset(features, labels, group=groups, feature_name=list(CANDIDATE_FEATURES)),
+            self.best_iteration,
+        )
+        return refit
 
     @property
     def best_iteration(self) -> int:
@@ -333,9 +361,14 @@ class RoutineData:
         elif kind == "ranker":
             model = RoutineRanker(seed).fit(self.candidates["train"], self.targets["train"], val, val_target)
         else:
-            raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
+            raise ValueError(f"cannot fit routine kind {kind!r}: 'routine' or 'ranker' (then refit())")
         model.calibration = Calibration.fit(val, model.scores(val), val_target, self.popularity)
         return model
+
+    def refit(self, ranker: RoutineRanker) -> RoutineRanker:
+        """``ranker`` (fit on train, chosen on val) with its trees refit on the train and val questions."""
+        questions = self.candidates["train"].concat(self.candidates["val"])
+        return ranker.refit(questions, np.concatenate([self.targets["train"], self.targets["val"]]))
 
     def log_probabilities(self, model: CandidateScorer, split: str) -> np.ndarray:
         """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order."""
@@ -348,6 +381,7 @@ def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:
     scorers: dict[str, type[RoutineRule] | type[RoutineRanker]] = {
         "routine": RoutineRule,
         "ranker": RoutineRanker,
+        "ranker_refit": RoutineRanker,
     }
     if kind not in scorers:
         raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")

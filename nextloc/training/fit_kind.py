@@ -63,7 +63,7 @@ class FittedKind:
     params: dict[str, Any]
     history: list[dict[str, float]] = field(default_factory=list)
     selected_epoch: int | None = None
-    selection_model: torch.nn.Module | None = None
+    selection_model: Any = None
     n_params: int = 0
     timing: dict[str, float] = field(default_factory=dict)
     routine_data: RoutineData | None = None
@@ -206,16 +206,18 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         vocab["total_loc_num"],
         PreprocessConfig.model_validate(meta["config"]).timezone,
     )
-    model = data.fit(kind, seed)
+    selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
+    model = data.refit(selection) if kind == "ranker_refit" else selection
 
-    def rows_of(split: str):
-        answers = torch.from_numpy(data.log_probabilities(model, split))
+    def rows_of(scorer, split: str):
+        answers = torch.from_numpy(data.log_probabilities(scorer, split))
         return lambda batch: answers[batch.index.cpu()].to(batch.loc.device)
 
-    val_scores, test_scores = rows_of("val"), rows_of("test")
+    # validation is the selection's (a refit has trained on it), test the model's
+    val_scores, test_scores = rows_of(selection, "val"), rows_of(model, "test")
     params = {f"{kind}.weight.{k}": v for k, v in getattr(model, "weights", {}).items()}
-    if kind == "ranker":
-        params.update({"ranker.seed": seed, "ranker.trees": model.best_iteration})
+    if kind in ("ranker", "ranker_refit"):
+        params.update({f"{kind}.seed": seed, f"{kind}.trees": model.best_iteration})
     scorers = Scorers(
         val_scores=val_scores,
         test_scores=test_scores,
@@ -223,7 +225,13 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         explore=(data.candidates["val"].explore, data.candidates["test"].explore),
         joint=True,
     )
-    return FittedKind(model=model, params=params, routine_data=data, scorers=scorers)
+    return FittedKind(
+        model=model,
+        params=params,
+        selection_model=selection if model is not selection else None,
+        routine_data=data,
+        scorers=scorers,
+    )
 
 
 def _fit_baseline(kind, splits, vocab) -> FittedKind:

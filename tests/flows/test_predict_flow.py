@@ -37,7 +37,7 @@ def store(preprocessed_copy, tmp_path_factory):
     uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
     train(
         data_dir=str(data_dir),
-        models=["markov", "pointer_plus", "ranker"],
+        models=["markov", "pointer_plus", "ranker", "ranker_refit"],
         seeds=[0],
         train_overrides={"pointer_plus": SHORT},
         tracking_uri=uri,
@@ -118,7 +118,7 @@ def test_registered_models_are_code_and_plain_weights(store, tmp_path):
         ]
 
 
-@pytest.mark.parametrize("kind", ["markov", "ranker"])
+@pytest.mark.parametrize("kind", ["markov", "ranker", "ranker_refit"])
 def test_registered_model_scores_as_when_trained(store, kind):
     """The champion loaded back from its bundle (the champion rule and `nextloc evaluate` load it this way)
     scores the test split exactly as the trained model did, its new-place head included."""
@@ -131,6 +131,20 @@ def test_registered_model_scores_as_when_trained(store, kind):
         assert metrics[key] == pytest.approx(results[key], abs=1e-9), key
     for key in ("new_place_auc", "new_place_brier"):  # float32 probabilities read back as log-probabilities
         assert metrics[key] == pytest.approx(results[key], rel=1e-6), key
+
+
+def test_the_refit_ranker_is_chosen_with_the_ranker_and_tested_as_refit(store):
+    """ranker_refit: its validation numbers are the ranker's it was chosen with (same seed, same trees);
+    its test numbers are those of the trees refit on train + val, and it says it trained on validation."""
+    data_dir, _ = store
+    plain, refit = (
+        json.loads((data_dir / "results" / kind / "seed0" / "results.json").read_text())
+        for kind in ("ranker", "ranker_refit")
+    )
+    assert refit["val"] == plain["val"]
+    assert refit["refit_on_train_val"] is True
+    assert plain["refit_on_train_val"] is False
+    assert refit["n_test"] == plain["n_test"]
 
 
 def test_raw_plt_fixes_round_trip(store, sample_dir):

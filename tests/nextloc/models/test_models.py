@@ -582,7 +582,7 @@ def test_the_registry_declares_every_kind_once_and_the_views_derive_from_it():
     assert registry.kinds("neural") == tuple(KINDS)
     assert registry.neural_kinds() == (*KINDS[:5], "pointer_plus_ensemble", "lstm")
     assert registry.kinds("baseline") == ("markov", "most_frequent", "last_location")
-    assert registry.kinds("routine") == ("routine", "ranker")
+    assert registry.kinds("routine") == ("routine", "ranker", "ranker_refit")
     assert registry.kinds() == (*registry.neural_kinds(), *registry.kinds("baseline", "routine"))
     for name, entry in registry.KINDS.items():
         assert entry.name == name

@@ -149,3 +149,28 @@ def test_one_distribution_over_places_and_a_new_place() -> None:
     assert joint[0, 3] / joint[0, 5] == pytest.approx(np.e**2, rel=1e-4)  # temperature 0.5
     assert joint[0].argmax() == 1
     assert joint[1].argmax() == 3
+
+
+def test_the_refit_keeps_the_rankers_choices_and_learns_from_both_splits() -> None:
+    """ranker_refit: the trees chosen on validation, refit on train + val with the same seed and calibration."""
+    pytest.importorskip("lightgbm")
+    rng = np.random.default_rng(2)
+    train, train_target = candidate_set(rng, 300, signal="share_place")
+    val, val_target = candidate_set(rng, 300, signal="share_slot")  # validation teaches another signal
+    ranker = RoutineRanker(seed=0).fit(train, train_target, val, val_target)
+    ranker.calibration = Calibration(temperature=0.8)
+    both = train.concat(val)
+    assert both.n == 600
+    assert both.query.max() == 599
+    np.testing.assert_array_equal(both.query[len(train.query) :], val.query + 300)
+    refit = ranker.refit(both, np.concatenate([train_target, val_target]))
+    assert refit.best_iteration == ranker.best_iteration
+    assert refit.seed == ranker.seed
+    assert refit.calibration == ranker.calibration
+    # it has seen validation's signal: better there than the ranker fit on train alone
+    assert candidate_mrr(val, refit.scores(val), val_target) > candidate_mrr(
+        val, ranker.scores(val), val_target
+    )
+    again = ranker.refit(both, np.concatenate([train_target, val_target]))
+    assert again.state() == refit.state()  # deterministic
+    np.testing.assert_array_equal(RoutineRanker.from_state(refit.state()).scores(val), refit.scores(val))
