@@ -90,7 +90,8 @@ def evaluate_registered(
     kind: str, alias: str, data_dir: Path, split: str, tracking_uri: str | None, experiment: str
 ) -> dict[str, Any]:
     """Metrics of a registered model on one split of a preprocessed dataset (place metrics first; P(new place)
-    from the model's own new-place head, fit on validation when it was trained)."""
+    from the model's own new-place head, fit on validation when it was trained; with a head, the answer sets'
+    coverage and size, :data:`nextloc.evaluation.metrics.SET_KEYS`)."""
     from nextloc.evaluation.evaluate import score_split, without_copies
     from nextloc.raw.duplicates import copied_samples
     from nextloc.training.data import SampleTensors  # torch: evaluating, not answering
@@ -100,10 +101,13 @@ def evaluate_registered(
     # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
     # softmax their input; softmaxing probabilities themselves would flatten them)
     scores, explore = registered_scores(bundle, Path(data_dir), split)
-    # a routine kind is scored on its one distribution over the places and "a new place", as in training
-    scored = score_split(scores, data, explore=explore, head=bundle.head if explore is not None else None)
+    # a routine kind is scored on its one distribution over the places and "a new place", as in training;
+    # every kind's answer sets read the distribution `nextloc predict --coverage` answers with
+    scored = score_split(scores, data, explore=explore, head=bundle.head, joint=explore is not None)
     p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
     metrics = scored.accumulator.compute(p_new)
+    if bundle.head is not None:
+        metrics.update(scored.answer_sets())
     copied = copied_samples(Catalog(str(data_dir)).staypoints, data.table) if split == "test" else None
     if copied is not None:
         metrics.update(without_copies(scored.accumulator.per_sample(), copied))
