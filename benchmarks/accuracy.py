@@ -75,17 +75,14 @@ def kind_report(folder: Path, groups: np.ndarray) -> dict:
     return report
 
 
-COVERAGE_LEVELS = (0.5, 0.8, 0.9)
-
-
 def distribution_report(data_dir: Path, kind: str, seed: int) -> dict:
-    """A routine kind refitted for ``seed``: its one distribution's reliability and answer sets."""
+    """A routine kind refitted for ``seed``: its one distribution's reliability and answer sets (the test
+    split's ``set_*`` metrics of :func:`nextloc.evaluation.evaluate.evaluate`)."""
     import tempfile
 
     import torch
 
-    from nextloc.evaluation.metrics import answer_sets
-    from nextloc.routine.novelty import novelty_features_numpy, with_new_place
+    from nextloc.evaluation.metrics import SET_LEVELS
     from nextloc.training.fit_kind import fit_kind, load_splits
 
     meta = json.loads((data_dir / "metadata.json").read_text())
@@ -104,14 +101,11 @@ def distribution_report(data_dir: Path, kind: str, seed: int) -> dict:
             locations=data_dir / "vocabulary" / "locations.parquet",
         )
     evaluation = fitted.evaluate(splits)
-    data, test = fitted.routine_data, splits["test"]
-    logp = data.log_probabilities(fitted.model, "test")
-    features = novelty_features_numpy(logp, test.history_np).astype(np.float64)
-    p_new = evaluation.head.predict(np.column_stack([features, data.candidates["test"].explore]))
-    probs = np.exp(with_new_place(logp, p_new).astype(np.float64))
     sets = {}
-    for level in COVERAGE_LEVELS:
-        coverage, size = answer_sets(probs, test.target_np, level)
+    for level in SET_LEVELS:
+        coverage, size = (
+            evaluation.test[f"set_{what}_{round(level * 100)}"] for what in ("coverage", "size")
+        )
         sets[str(level)] = {"coverage_percent": round(coverage, 2), "mean_size": round(size, 2)}
     keys = ("place_acc@1", "place_mrr", "acc@1", "new_place_auc", "new_place_brier", "top1_ece")
     return {

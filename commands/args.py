@@ -99,6 +99,14 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--history", required=True, help="a file or folder (see above), or JSON text")
     parser.add_argument("-k", type=int, default=5, help="places per answer (default 5)")
     parser.add_argument(
+        "--coverage",
+        type=_coverage,
+        default=None,
+        metavar="P",
+        help="also answer with a set: the fewest places (and 'a new place' when it belongs), most likely "
+        "first, whose probabilities hold the next one with probability P (0 < P < 1)",
+    )
+    parser.add_argument(
         "--at", default=None, help="prediction time (ISO 8601); default: the end of each history's last visit"
     )
     parser.add_argument(
@@ -116,6 +124,16 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
         "OpenStreetMap tiles when online)",
     )
     _add_tracking_options(parser)
+
+
+def _coverage(text: str) -> float:
+    """``--coverage``: a probability strictly between 0 and 1, else a usage error (before any work)."""
+    from nextloc.predict.answer_set import check_coverage  # numpy, pandas: only when the option is given
+
+    try:
+        return check_coverage(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _map_arguments(parser: argparse.ArgumentParser) -> None:
@@ -243,7 +261,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "(user_id, started_at, finished_at, latitude, longitude; CSV, parquet or JSON, an MLflow "
         "dataframe_records request included; optional history_id for several histories per user), raw GPS "
         "fixes (a .plt file or a folder of them, or CSV/parquet of tracked_at, latitude, longitude), or a "
-        "samples parquet of the dataset. Times are ISO 8601; no zone means UTC.",
+        "samples parquet of the dataset. Times are ISO 8601; no zone means UTC. --coverage P adds the "
+        "answer set: the fewest places (and 'a new place' when it belongs) that hold the next one with "
+        "probability P.",
     ),
     "map": Subcommand(
         _map_arguments,

@@ -267,6 +267,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         at=args.at,
         user_id=args.user,
         map_path=args.map,
+        coverage=args.coverage,
     )
     if args.format == "json":
         sys.stdout.write(json.dumps(answers, indent=2) + "\n")
@@ -302,13 +303,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _print_answers(answers: list[dict[str, Any]]) -> None:
-    """One table per history: its user and time, P(new place), then the places."""
+    """One table per history: its user and time, P(new place), then the places; with ``--coverage``, a
+    second one of the answer set."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=max(110, Console().width))
     for answer in answers:
-        about = {k: v for k, v in answer.items() if k not in ("places", "p_new_place")}
+        about = {k: v for k, v in answer.items() if k not in ("places", "p_new_place", "answer_set")}
         title = ", ".join(f"{k} {v}" for k, v in about.items())
         p_new = answer.get("p_new_place")
         table = Table(title=title, caption=f"P(new place) {p_new:.3f}" if p_new is not None else None)
@@ -322,6 +324,28 @@ def _print_answers(answers: list[dict[str, Any]]) -> None:
         for place in answer["places"]:
             table.add_row(*(_cell(place.get(c)) for c in columns))
         console.print(table)
+        if "answer_set" in answer:
+            console.print(_set_table(answer["answer_set"]))
+
+
+def _set_table(chosen: dict[str, Any]) -> Any:
+    """The answer set: its members, most likely first ("new place" for a place the model never saw)."""
+    from rich.table import Table
+
+    members = chosen["members"]
+    title = f"answer set for coverage {chosen['coverage']:g}: {len(members)} member(s)"
+    table = Table(title=title, caption=f"total probability {chosen['total_probability']:.3f}")
+    columns = [
+        c
+        for c in ("location_id", "latitude", "longitude", "n_visits", "probability")
+        if c == "location_id" or any(c in m for m in members)
+    ]
+    for column in columns:
+        table.add_column(column, justify="right")
+    for member in members:
+        cells = {**member, "location_id": "new place"} if member.get("new_place") else member
+        table.add_row(*(_cell(cells.get(c)) for c in columns))
+    return table
 
 
 def _cell(value: Any) -> str:

@@ -5,8 +5,9 @@ and the model bundle (:mod:`nextloc.serving`: JSON config, safetensors weights, 
 artifact, so nothing is pickled. ``mlflow models serve -m models:/nextloc-<kind>@champion --env-manager
 local`` answers ``POST /invocations`` with this model: the input is a DataFrame of visits (``user_id``,
 ``started_at``, ``finished_at``, ``latitude``, ``longitude``, optional ``history_id``; times ISO 8601, UTC
-without a zone), the params ``k`` (places per answer) and ``at`` (prediction time, default the end of each
-history's last visit), the output one answer per history (:func:`nextloc.predict.answer.predict`).
+without a zone), the params ``k`` (places per answer), ``at`` (prediction time, default the end of each
+history's last visit) and ``coverage`` (also the answer set holding this probability, 0 < coverage < 1), the
+output one answer per history (:func:`nextloc.predict.answer.predict`).
 
 It imports only MLflow and the ``nextloc`` library, so the serving process needs neither Prefect nor this
 repository's ``tasks`` package.
@@ -39,7 +40,11 @@ class NextPlaceModel(PythonModel):
         params = params or {}
         try:
             return predict_visits(
-                self.bundle, pd.DataFrame(model_input), k=int(params.get("k", 5)), at=params.get("at") or None
+                self.bundle,
+                pd.DataFrame(model_input),
+                k=int(params.get("k", 5)),
+                at=params.get("at") or None,
+                coverage=params.get("coverage"),
             )
         except ValueError as err:  # bad input: a 400 whose message names the row and the field
             raise MlflowException.invalid_parameter_value(str(err)) from err

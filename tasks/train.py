@@ -19,7 +19,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from nextloc.config import PreprocessConfig
-from nextloc.evaluation.metrics import RESULT_KEYS
+from nextloc.evaluation.metrics import RESULT_KEYS, SET_KEYS
 from nextloc.models import registry
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.raw.duplicates import copied_samples
@@ -153,9 +153,11 @@ def train_model_task(
 
 
 def _results_json(fitted: FittedKind, evaluation: Evaluation, seconds: float, run_id: str) -> dict[str, Any]:
-    """``results.json`` before registration (test metrics in percent, the validation ones, timing, run id)."""
+    """``results.json`` before registration (test metrics in percent, the answer sets' coverage (%) and size,
+    the validation metrics, timing, run id)."""
     return {
         **{k: evaluation.test[k] for k in RESULT_KEYS},
+        **{k: evaluation.test[k] for k in SET_KEYS if k in evaluation.test},
         "n_test": evaluation.test["n"],
         **evaluation.dedup(),
         "n_params": fitted.n_params,

@@ -229,7 +229,8 @@ PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
 
 
 def model_signature() -> ModelSignature:
-    """The registered models' signature: visits as named, typed columns; params ``k`` and ``at``.
+    """The registered models' signature: visits as named, typed columns; params ``k``, ``at`` and
+    ``coverage`` (none: no answer set).
 
     Times are ISO 8601 text (a zone may be given; none means UTC): MLflow's ``datetime`` type takes
     zone-naive values only, and text lets the model name the row of an unparsable time.
@@ -248,7 +249,9 @@ def model_signature() -> ModelSignature:
                 ColSpec("string", "history_id", required=False),
             ]
         ),
-        params=ParamSchema([ParamSpec("k", "long", 5), ParamSpec("at", "string", "")]),
+        params=ParamSchema(
+            [ParamSpec("k", "long", 5), ParamSpec("at", "string", ""), ParamSpec("coverage", "double", None)]
+        ),
     )
 
 

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from nextloc.evaluation.metrics import DEDUP_KEYS, reliability
+from nextloc.evaluation.metrics import DEDUP_KEYS, SET_LEVELS, reliability, set_metrics, set_outcomes
 from nextloc.evaluation.tensor_metrics import MetricAccumulator
 from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.routine.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features, with_new_place
@@ -34,12 +34,22 @@ class SplitScores:
     # (N,) split order, scored with a head: the one distribution's top probability and whether its class is the target
     top_p: np.ndarray | None = None
     top_hit: np.ndarray | None = None
+    # (N, len(SET_LEVELS)) split order, scored with a head: whether the one distribution's answer set at each
+    # level holds the target, and its size
+    set_covered: np.ndarray | None = None
+    set_sizes: np.ndarray | None = None
 
     def reliability(self) -> tuple[list[dict], float]:
         """:func:`~nextloc.evaluation.metrics.reliability` of the one distribution (scored with a head)."""
         if self.top_p is None or self.top_hit is None:
             raise ValueError("a split scored without a new-place head has no one distribution")
         return reliability(self.top_p, self.top_hit)
+
+    def answer_sets(self) -> dict[str, float]:
+        """:func:`~nextloc.evaluation.metrics.set_metrics` of the one distribution (scored with a head)."""
+        if self.set_covered is None or self.set_sizes is None:
+            raise ValueError("a split scored without a new-place head has no one distribution")
+        return set_metrics(self.set_covered, self.set_sizes)
 
     @property
     def is_new(self) -> np.ndarray:
@@ -98,38 +108,46 @@ def score_split(
     batch_size: int = 512,
     explore: np.ndarray | None = None,
     head: NewPlaceHead | None = None,
+    joint: bool = True,
 ) -> SplitScores:
     """Score every sample of ``data`` in split order (under ``torch.no_grad``); ``explore`` ``(N, E)``, the
     routine's explore features in split order, joins the new-place head's inputs.
 
-    With ``head`` (a routine kind's), the metrics read the one distribution over the known places and "a new
-    place" (:func:`~nextloc.routine.novelty.with_new_place`): the head's P(new place) on class 1, the model's
-    place probabilities times ``1 - P(new)``; the features stay those of the model's own answer (what the
-    head reads)."""
+    With ``head``, each sample's answer is also read as one distribution over the known places and "a new
+    place" (:func:`~nextloc.routine.novelty.with_new_place`: the head's P(new place) on class 1, the model's
+    place probabilities times ``1 - P(new)``; what ``nextloc predict`` answers with): its answer sets at
+    :data:`~nextloc.evaluation.metrics.SET_LEVELS` and its top answer (:meth:`SplitScores.answer_sets`,
+    :meth:`SplitScores.reliability`). With ``joint`` too (a routine kind's answer), the metrics read that
+    distribution rather than the model's own scores; the features stay those of the model's own answer
+    (what the head reads)."""
     accumulator = MetricAccumulator()
     features = []
-    top_p, top_hit = np.full(len(data), np.nan), np.zeros(len(data), dtype=bool)
+    n, levels = len(data), len(SET_LEVELS)
+    top_p, top_hit = np.full(n, np.nan), np.zeros(n, dtype=bool)
+    covered, sizes = np.zeros((n, levels), dtype=bool), np.zeros((n, levels), dtype=np.int64)
     with torch.no_grad():
         for batch in data.batches(batch_size):
             scores = by_length(score_fn, batch)  # length-sorted pieces: the same rows, little padding
             batch_features = novelty_features(scores, batch).cpu()
             features.append(batch_features)
             if head is not None:
-                rows = batch.index.cpu().numpy()
+                rows, target = batch.index.cpu().numpy(), batch.target.cpu().numpy()
                 x = batch_features.numpy().astype(np.float64)
                 if explore is not None:
                     x = np.column_stack([x, explore[rows]])
-                joint = with_new_place(scores.cpu().numpy(), head.predict(x))
-                top_p[rows] = np.exp(joint.max(axis=1).astype(np.float64))
-                top_hit[rows] = joint.argmax(axis=1) == batch.target.cpu().numpy()
-                scores = torch.from_numpy(joint).to(scores.device)
+                one = with_new_place(scores.cpu().numpy(), head.predict(x))
+                top_p[rows] = np.exp(one.max(axis=1).astype(np.float64))
+                top_hit[rows] = one.argmax(axis=1) == target
+                covered[rows], sizes[rows] = set_outcomes(np.exp(one.astype(np.float64)), target, SET_LEVELS)
+                if joint:
+                    scores = torch.from_numpy(one).to(scores.device)
             accumulator.update(scores, batch.target, batch.index)
     stacked = torch.cat(features).numpy() if features else np.zeros((0, len(FEATURES)), dtype=np.float32)
     stacked = stacked.astype(np.float64)
     split_features = stacked if explore is None else np.column_stack([stacked, explore])
     if head is None:
         return SplitScores(accumulator, split_features)
-    return SplitScores(accumulator, split_features, top_p, top_hit)
+    return SplitScores(accumulator, split_features, top_p, top_hit, covered, sizes)
 
 
 def evaluate(
@@ -161,8 +179,11 @@ def evaluate(
 
     Returns:
         An :class:`Evaluation`. Validation metrics carry ``new_place_rate`` but no AUC/Brier (the head is fit
-        there); test metrics carry all of :data:`nextloc.evaluation.metrics.METRIC_KEYS`; with ``joint``
-        both also carry ``top1_ece``, the expected calibration error of the one distribution's top answer.
+        there); test metrics carry all of :data:`nextloc.evaluation.metrics.METRIC_KEYS` and
+        :data:`~nextloc.evaluation.metrics.SET_KEYS` (the answer sets of the one distribution that ``nextloc
+        predict`` answers with: for a kind scored without ``joint``, its place probabilities times ``1 - P(new
+        place)`` and the head's P(new place)); with ``joint`` both also carry ``top1_ece``, the expected
+        calibration error of the one distribution's top answer.
     """
     val_explore, test_explore = explore if explore is not None else (None, None)
     val_split = score_split(val_scores, val, batch_size, val_explore)
@@ -175,9 +196,10 @@ def evaluate(
         head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
     if joint:
         val_split = score_split(val_scores, val, batch_size, val_explore, head)
-    test_split = score_split(test_scores, test, batch_size, test_explore, head if joint else None)
+    test_split = score_split(test_scores, test, batch_size, test_explore, head, joint)
     p_new = head.predict(test_split.features)
     val_metrics, test_metrics = val_split.accumulator.compute(), test_split.accumulator.compute(p_new)
+    test_metrics.update(test_split.answer_sets())  # what `nextloc predict --coverage` answers, measured
     table = None
     if joint:  # how well the one distribution's probabilities are calibrated (its top answer's)
         table, val_metrics["top1_ece"] = val_split.reliability()

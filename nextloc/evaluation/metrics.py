@@ -35,7 +35,12 @@ support and can never be predicted).
 gives P(new place) per sample, ``new_place_auc`` is its ROC-AUC against "the target is new" and
 ``new_place_brier`` the Brier score (mean squared error of the probability, 0 best, *not* in percent).
 
-All metrics except ``n`` and ``new_place_brier`` are reported in percent (x100). NaN scores are not supported
+**Answer sets** (:data:`SET_KEYS`, a model scored on one distribution over the known places and "a new
+place"): the fewest classes, most likely first, whose probabilities hold a level (:func:`fewest_holding`,
+the rule ``nextloc predict --coverage`` answers with); ``set_coverage_<level>`` is the share of targets in
+their set, ``set_size_<level>`` the sets' mean size (a count, not in percent).
+
+All metrics except ``n``, ``new_place_brier`` and ``set_size_*`` are reported in percent (x100). NaN scores are not supported
 (their rank is undefined).
 
 This module imports no torch (the flows read its keys on every run): the ranks are computed on tensors in
@@ -45,6 +50,8 @@ metrics here from the ranks' arrays.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -63,6 +70,12 @@ METRIC_KEYS = (*RESULT_KEYS, "n")
 # (nextloc.raw.duplicates), with their count ``n_test_dedup``: results.json, the run's MLflow metrics, the summary.
 DEDUP_KEYS = tuple(f"{key}_dedup" for key in PLACE_KEYS if key != "place_f1")
 DEDUP_HEADLINE = f"{HEADLINE}_dedup"
+# The answer sets (:func:`fewest_holding`) of a distribution over the places and "a new place", measured at
+# these levels on test: ``set_coverage_90`` (%, the share of targets in their set), ``set_size_90`` (members).
+SET_LEVELS = (0.5, 0.8, 0.9)
+SET_KEYS = tuple(f"set_{what}_{round(level * 100)}" for level in SET_LEVELS for what in ("coverage", "size"))
+# a sum this close below the level reaches it (float noise: 0.7 + 0.2 < 0.9 in binary floating point)
+SET_TOLERANCE = 1e-12
 
 
 def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
@@ -166,8 +179,88 @@ def reliability(top_p: np.ndarray, hit: np.ndarray, bins: int = RELIABILITY_BINS
     return table, float(ece) if len(top_p) else float("nan")
 
 
+def check_level(level: float) -> float:
+    """``level`` as a float if it is a probability a set can hold, in ``(0, 1]``.
+
+    Raises:
+        ValueError: naming the level.
+    """
+    level = float(level)
+    if not 0.0 < level <= 1.0:  # NaN fails too
+        raise ValueError(f"a set's level must be a probability in (0, 1], got {level}")
+    return level
+
+
+def fewest_holding(probs: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """The one rule for answer sets: the fewest columns of each distribution whose probabilities hold ``level``.
+
+    The columns are taken in order of probability, the highest first (ties: the lower column first, as
+    :func:`nextloc.serving.top_k`), until their sum reaches ``level`` (within :data:`SET_TOLERANCE`, so a
+    level reached exactly is reached). A set is never empty (at least the most likely column) and never
+    takes a column of probability 0 (a distribution summing to less than ``level`` gives all its positive
+    columns).
+
+    Args:
+        probs: ``(N, C)`` one distribution per row (the callers pass the classes from 1, "a new place",
+            then the places; never the padding class 0).
+        level: the probability the set must hold, in ``(0, 1]``.
+
+    Returns:
+        ``order`` ``(N, C)``, each row's columns by descending probability, and ``size`` ``(N,)``: the set
+        is ``order[i, :size[i]]``.
+
+    Raises:
+        ValueError: a level outside ``(0, 1]`` or ``probs`` not 2-D.
+
+    Examples:
+        >>> order, size = fewest_holding(np.array([[0.2, 0.5, 0.3], [0.1, 0.6, 0.3]]), 0.8)
+        >>> order[0, : size[0]].tolist(), order[1, : size[1]].tolist()
+        ([1, 2], [1, 2])
+    """
+    level = check_level(level)
+    order, held, positive = _ranked(probs)
+    return order, _set_size(held, positive, level)
+
+
+def _ranked(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's columns by descending probability (stable), their running sums and the positive count."""
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2:
+        raise ValueError(f"expected (N, C) probabilities, got shape {p.shape}")
+    order = np.argsort(-p, axis=1, kind="stable")
+    return order, np.take_along_axis(p, order, axis=1).cumsum(axis=1), (p > 0).sum(axis=1)
+
+
+def _set_size(held: np.ndarray, positive: np.ndarray, level: float) -> np.ndarray:
+    """:func:`fewest_holding`'s sizes from the running sums: at least 1, at most the positive columns."""
+    size = (held < level - SET_TOLERANCE).sum(axis=1) + 1
+    return np.minimum(size, np.maximum(positive, 1))
+
+
+def set_outcomes(
+    probs: np.ndarray, targets: np.ndarray, levels: Sequence[float] = SET_LEVELS
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample and level: whether the target is in its :func:`fewest_holding` set, and the set's size.
+
+    Args:
+        probs: ``(N, V)`` one distribution per sample over the vocabulary (class 1 "a new place", the places
+            from 2; class 0, padding, is never taken).
+        targets: ``(N,)`` the classes that came.
+        levels: the probabilities the sets must hold, each in ``(0, 1]``.
+
+    Returns:
+        ``covered`` ``(N, L)`` bool and ``size`` ``(N, L)``, one column per level.
+    """
+    levels = [check_level(level) for level in levels]
+    order, held, positive = _ranked(np.asarray(probs, dtype=np.float64)[:, 1:])
+    targets = np.asarray(targets)
+    position = np.argmax(order == targets[:, None] - 1, axis=1)  # a padding target (0) matches no column
+    size = np.stack([_set_size(held, positive, level) for level in levels], axis=1)
+    return (position[:, None] < size) & (targets[:, None] >= 1), size
+
+
 def answer_sets(probs: np.ndarray, targets: np.ndarray, level: float) -> tuple[float, float]:
-    """Empirical coverage (%) and mean size of the fewest classes that hold ``level`` of each distribution.
+    """Empirical coverage (%) and mean size of the :func:`fewest_holding` sets of each distribution.
 
     Args:
         probs: ``(N, V)`` one distribution per sample (class 1 "a new place", the places from 2; class 0 is
@@ -179,13 +272,29 @@ def answer_sets(probs: np.ndarray, targets: np.ndarray, level: float) -> tuple[f
         >>> answer_sets(np.array([[0, 0.5, 0.3, 0.2], [0, 0.1, 0.6, 0.3]]), np.array([2, 3]), 0.8)
         (100.0, 2.0)
     """
-    p = np.asarray(probs, dtype=np.float64).copy()
-    p[:, 0] = 0.0
-    order = np.argsort(-p, axis=1, kind="stable")
-    held = np.take_along_axis(p, order, axis=1).cumsum(axis=1)
-    size = np.minimum((held < level - 1e-12).sum(axis=1) + 1, p.shape[1] - 1)
-    position = np.argmax(order == np.asarray(targets)[:, None], axis=1)
-    return float(100 * (position < size).mean()), float(size.mean())
+    covered, size = set_outcomes(probs, targets, (level,))
+    if not len(covered):
+        return float("nan"), float("nan")
+    return float(100 * covered.mean()), float(size.mean())
+
+
+def set_metrics(covered: np.ndarray, sizes: np.ndarray) -> dict[str, float]:
+    """:data:`SET_KEYS` from per-sample outcomes at each of :data:`SET_LEVELS` (:func:`set_outcomes`).
+
+    Args:
+        covered: ``(N, L)`` whether each sample's set at each level holds its target.
+        sizes: ``(N, L)`` the sets' sizes.
+
+    Returns:
+        ``set_coverage_<level %>`` (percent) and ``set_size_<level %>`` (mean members), NaN without samples.
+    """
+    if not len(covered):
+        return dict.fromkeys(SET_KEYS, float("nan"))
+    out = {}
+    for j, level in enumerate(SET_LEVELS):
+        out[f"set_coverage_{round(level * 100)}"] = float(100 * covered[:, j].mean())
+        out[f"set_size_{round(level * 100)}"] = float(sizes[:, j].mean())
+    return out
 
 
 def weighted_f1(targets: np.ndarray, predicted: np.ndarray) -> float:

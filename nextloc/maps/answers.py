@@ -11,7 +11,7 @@ layer last ticked). A layer holds:
   ``#rank``, a popup each with the rank, probability, visits in the training data and the centre;
 * **the actual next place**, when known (a test sample: a champion's maps in MLflow), a green circle.
 
-The legend gives each history's P(new place). The page is built by :mod:`nextloc.maps.web` (Leaflet
+The legend gives each history's P(new place) and, with ``--coverage``, its answer set. The page is built by :mod:`nextloc.maps.web` (Leaflet
 inlined, OpenStreetMap tiles when online). What each layer holds is returned (:class:`WebMap`), so a
 test compares it with what a browser shows.
 """
@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from nextloc.maps.png import in_view, visit_label
+from nextloc.predict.answer_set import describe_set
 from nextloc.predict.histories import Histories, history_visits
 from nextloc.preprocessing.sequences import UNSEEN
 
@@ -44,7 +45,8 @@ VISIT, NEW_VISIT, PLACE, LATEST, ACTUAL = "#1f77b4", "#d62728", "#ff7f0e", "#083
 @dataclass(frozen=True)
 class MapLayer:
     """What one history's layer holds: its name, visited spots, places drawn (those with coordinates),
-    P(new place) (None: the model has no new-place head) and whether the actual next place is drawn."""
+    P(new place) (None: the model has no new-place head), whether the actual next place is drawn and the
+    answer set's line in the legend (:func:`nextloc.predict.answer_set.describe_set`; None without one)."""
 
     name: str
     spots: int
@@ -52,6 +54,7 @@ class MapLayer:
     visits: int
     p_new_place: float | None
     actual: bool = False
+    answer_set: str | None = None
 
     @property
     def markers(self) -> int:
@@ -169,7 +172,8 @@ def _add_layer(
         _add_spot(group, spot, len(history))
     p_new = answer.get("p_new_place")
     p_new = None if p_new is None else float(p_new)
-    return MapLayer(name, len(spots), len(places), len(history), p_new, actual is not None)
+    chosen = describe_set(answer)
+    return MapLayer(name, len(spots), len(places), len(history), p_new, actual is not None, chosen)
 
 
 @dataclass
@@ -318,7 +322,8 @@ def _legend(layers: Sequence[MapLayer]) -> str:
 
     rows = "".join(
         f"<li>{escape(layer.name)}: P(new place) "
-        f"{'n/a (no new-place head)' if layer.p_new_place is None else f'{layer.p_new_place:.3f}'}</li>"
+        f"{'n/a (no new-place head)' if layer.p_new_place is None else f'{layer.p_new_place:.3f}'}"
+        f"{'' if layer.answer_set is None else f'; {escape(layer.answer_set)}'}</li>"
         for layer in layers
     )
     return f"{key}<ul style='margin:4px 0 0 0; padding-left:16px'>{rows}</ul>"

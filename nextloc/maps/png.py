@@ -42,6 +42,7 @@ import pandas as pd
 from nextloc.atomic import atomic_path
 from nextloc.maps.labels import Placed, place_labels
 from nextloc.predict.answer import visits_at_centres
+from nextloc.predict.answer_set import describe_set
 from nextloc.predict.histories import Histories, history_visits
 from nextloc.preprocessing.sequences import FIRST_PLACE
 
@@ -420,4 +421,6 @@ def _title(answer: Mapping[str, Any], n_visits: int) -> str:
     when = f" at {answer['at']}" if answer.get("at") else ""
     p_new = answer.get("p_new_place")
     new = f"P(new place) {p_new:.2f}" if p_new is not None else "no new-place head"
-    return f"{who}{when}: {n_visits} visits\ntop {len(answer.get('places', []))} next places, {new}"
+    title = f"{who}{when}: {n_visits} visits\ntop {len(answer.get('places', []))} next places, {new}"
+    chosen = describe_set(answer, most=4)  # with --coverage: the answer set, one more line
+    return title if chosen is None else f"{title}\n{chosen}"

@@ -14,7 +14,8 @@ exactly as preprocessing builds it, and the model's output becomes answers peopl
    nearest known place, merged, windowed and time-featured as in preprocessing.
 4. **Score** many histories at once in batches (:func:`predict`, this module): the top-k known places
    (ids ``>= 2`` only, probabilities renormalised over places), each with its location id, centre and number
-   of visits in the training data, and ``p_new_place`` from the model's new-place head.
+   of visits in the training data, and ``p_new_place`` from the model's new-place head; with a coverage,
+   the answer set too (:mod:`nextloc.predict.answer_set`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from nextloc.io.visits import parse_time, validate_visits
+from nextloc.predict.answer_set import answer_set, check_coverage, set_members
 from nextloc.predict.histories import Histories, encode_visits
 from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.routine.novelty import novelty_features_numpy, with_new_place
@@ -37,7 +39,12 @@ __all__ = ["example_visits", "predict", "predict_visits", "visits_at_centres"]
 
 
 def predict(
-    bundle: ModelBundle, histories: Histories, k: int = 5, batch_size: int = 2048, progress: bool = False
+    bundle: ModelBundle,
+    histories: Histories,
+    k: int = 5,
+    batch_size: int = 2048,
+    progress: bool = False,
+    coverage: float | None = None,
 ) -> list[dict[str, Any]]:
     """Answers for every history: the top-``k`` known places and P(new place), in the input's order.
 
@@ -47,21 +54,26 @@ def predict(
         k: places per answer.
         batch_size: histories scored at once.
         progress: show a progress bar (on stderr).
+        coverage: also answer with a set: the fewest places (and "a new place" when it belongs) holding the
+            next one with this probability, strictly between 0 and 1 (:mod:`nextloc.predict.answer_set`).
 
     Returns:
         One dict per history: its meta fields, ``p_new_place`` (when the model has a new-place head) and
         ``places``: ``rank``, ``location_id`` (>= 2), ``probability`` (over places; a routine kind's are its
         one distribution's, which give the known places ``1 - p_new_place`` in all) and, with a vocabulary,
-        ``latitude``, ``longitude`` and ``n_visits`` (staypoints at this place in the training data).
+        ``latitude``, ``longitude`` and ``n_visits`` (staypoints at this place in the training data); with
+        ``coverage``, ``answer_set`` (:func:`nextloc.predict.answer_set.answer_set`).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    coverage = None if coverage is None else check_coverage(coverage)
     routine = _routine_answers(bundle, histories)
     score = _network_scores(bundle) if routine is None else _routine_scores(bundle, *routine)
     n = len(histories.packed)
     ranked: list[np.ndarray] = []
     probabilities: list[np.ndarray] = []
     p_new: list[np.ndarray] = []
+    sets: list[tuple[np.ndarray, np.ndarray]] = []
     columns = [TextColumn("scoring histories"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()]
     bar_console = Console(stderr=True)  # stdout is for the answers
     with Progress(*columns, console=bar_console, disable=not progress, transient=True) as bar:
@@ -73,13 +85,17 @@ def predict(
             if p is not None:
                 p_new.append(p)
             places = probs[:, FIRST_PLACE:].astype(np.float64)
-            if routine is None or p is None:  # a routine kind's answer is already one distribution
+            shared = routine is not None and p is not None  # a routine kind's answer is one distribution
+            if not shared:
                 places /= np.clip(places.sum(axis=1, keepdims=True), 1e-12, None)
             top = top_k(places, k)
             ranked.append(np.array([[loc + FIRST_PLACE for loc, _ in row] for row in top], dtype=np.int64))
             probabilities.append(np.array([[p for _, p in row] for row in top]))
+            if coverage is not None:
+                sets += set_members(places, p, shared, coverage)
             bar.advance(task, len(chunk))
-    return _answers(bundle, histories.meta, np.concatenate(ranked), np.concatenate(probabilities), p_new)
+    ranked_all, probabilities_all = np.concatenate(ranked), np.concatenate(probabilities)
+    return _answers(bundle, histories.meta, ranked_all, probabilities_all, p_new, (coverage, sets))
 
 
 Scores = Callable[[np.ndarray, slice], tuple[np.ndarray, np.ndarray | None]]
@@ -137,13 +153,18 @@ def _routine_answers(bundle: ModelBundle, histories: Histories) -> tuple[np.ndar
 
 
 def predict_visits(
-    bundle: ModelBundle, visits: pd.DataFrame, k: int = 5, at: str | pd.Timestamp | None = None
+    bundle: ModelBundle,
+    visits: pd.DataFrame,
+    k: int = 5,
+    at: str | pd.Timestamp | None = None,
+    coverage: float | None = None,
 ) -> list[dict[str, Any]]:
     """Visits (a DataFrame, e.g. from an HTTP request) -> answers: :func:`validate_visits`,
-    :func:`encode_visits`, :func:`predict`."""
+    :func:`encode_visits`, :func:`predict` (``coverage``: with the answer set; checked first)."""
+    coverage = None if coverage is None else check_coverage(coverage)
     checked = validate_visits(visits, "request")
     stamp = None if at is None or at == "" else parse_time(at, "request", "at")
-    return predict(bundle, encode_visits(checked, bundle, stamp), k)
+    return predict(bundle, encode_visits(checked, bundle, stamp), k, coverage=coverage)
 
 
 def _answers(
@@ -152,8 +173,12 @@ def _answers(
     ranked: np.ndarray,
     probs: np.ndarray,
     p_new: Sequence[np.ndarray],
+    sets: tuple[float | None, Sequence[tuple[np.ndarray, np.ndarray]]] = (None, ()),
 ) -> list[dict[str, Any]]:
-    details = _place_details(bundle.locations, np.unique(ranked))
+    """The answers' dicts; ``sets``: the coverage and each answer's set members (:func:`set_members`)."""
+    coverage, members = sets
+    wanted = np.unique(np.concatenate([ranked.ravel(), *(classes for classes, _ in members)]))
+    details = _place_details(bundle.locations, wanted)
     p_new_all = np.concatenate(p_new) if p_new else None
     records = meta.to_dict(orient="records")
     answers = []
@@ -170,6 +195,8 @@ def _answers(
             }
             for r, (loc, p) in enumerate(zip(ranked[i], probs[i], strict=True))
         ]
+        if coverage is not None:
+            answer["answer_set"] = answer_set(coverage, *members[i], details)
         answers.append(answer)
     return answers
 

@@ -332,6 +332,26 @@ class TestRawDir:
         assert "Extra inputs are not permitted" in output
 
 
+class TestPredictCoverage:
+    @pytest.mark.parametrize("value", ["0", "1", "1.0", "-0.2", "1.5", "nan", "inf", "often"])
+    def test_a_coverage_outside_0_1_is_a_usage_error(
+        self, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Refused while the arguments are parsed: before any model, store or Prefect API is touched."""
+        with pytest.raises(SystemExit) as info:
+            cli.main(["predict", "--history", str(tmp_path / "visits.json"), "--coverage", value])
+        assert info.value.code == 2
+        error = one_line(capsys.readouterr().err)
+        assert (
+            f"argument --coverage: coverage must be a number strictly between 0 and 1, got {value!r}" in error
+        )
+
+    def test_the_help_names_the_option(self, capsys: pytest.CaptureFixture[str]) -> None:
+        with pytest.raises(SystemExit):
+            cli.main(["predict", "--help"])
+        assert "--coverage P" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------- config plumbing (flow stubbed)
 
 

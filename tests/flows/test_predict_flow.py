@@ -21,6 +21,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from nextloc.evaluation.metrics import SET_KEYS
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 REPO = Path(__file__).resolve().parents[2]
 SHORT = {"max_epochs": 2, "min_epochs": 0}
@@ -131,6 +133,29 @@ def test_registered_model_scores_as_when_trained(store, kind):
         assert metrics[key] == pytest.approx(results[key], abs=1e-9), key
     for key in ("new_place_auc", "new_place_brier"):  # float32 probabilities read back as log-probabilities
         assert metrics[key] == pytest.approx(results[key], rel=1e-6), key
+    for key in SET_KEYS:  # the answer sets of the distribution `nextloc predict --coverage` answers with
+        assert metrics[key] == pytest.approx(results[key], abs=1e-9), key
+
+
+def test_the_run_logs_the_answer_sets_on_test(store):
+    """Every trained run records the test answer sets at 0.5, 0.8 and 0.9 (results.json and MLflow's
+    ``test_set_coverage_90``, ``test_set_size_90``, ...); the sets grow with the level."""
+    import mlflow
+
+    from tasks import tracking
+
+    data_dir, uri = store
+    tracking.configure(uri, "test")
+    client = mlflow.MlflowClient()
+    for kind in ("markov", "pointer_plus", "ranker"):
+        results = json.loads((data_dir / "results" / kind / "seed0" / "results.json").read_text())
+        logged = client.get_run(results["mlflow_run_id"]).data.metrics
+        for key in SET_KEYS:
+            assert logged[f"test_{key}"] == pytest.approx(results[key]), (kind, key)
+        sizes = [results[f"set_size_{level}"] for level in (50, 80, 90)]
+        coverages = [results[f"set_coverage_{level}"] for level in (50, 80, 90)]
+        assert 1 <= sizes[0] <= sizes[1] <= sizes[2], kind
+        assert 0 < coverages[0] <= coverages[1] <= coverages[2] <= 100, kind
 
 
 def test_the_refit_ranker_is_chosen_with_the_ranker_and_tested_as_refit(store):
@@ -169,6 +194,42 @@ def test_raw_plt_fixes_round_trip(store, sample_dir):
     assert "user_id 73" in table.stdout
     assert "P(new place)" in table.stdout
     assert "latitude" in table.stdout
+
+
+@pytest.mark.parametrize("kind", ["ranker", "pointer_plus"])
+def test_predict_answers_with_the_fewest_places_holding_the_coverage(store, two_histories, kind):
+    """`--coverage 0.9`: the top-k answer unchanged, and a set: the most likely of "a new place" and every
+    place (all of them asked for with a large -k), until they hold 0.9. The ranker's places share
+    1 - p_new_place; a neural kind's sum to 1 among themselves and are scaled by it."""
+    _, uri = store
+    args = ("predict", "--model", kind, "--history", str(two_histories))
+    plain = json.loads(nextloc(*args, "-k", "3", uri=uri).stdout)
+    with_sets = json.loads(nextloc(*args, "-k", "3", "--coverage", "0.9", uri=uri).stdout)
+    every = json.loads(nextloc(*args, "-k", "100000", uri=uri).stdout)
+    assert [{k: v for k, v in a.items() if k != "answer_set"} for a in with_sets] == plain
+    for answer, full in zip(with_sets, every, strict=True):
+        chosen = answer["answer_set"]
+        assert chosen["coverage"] == 0.9
+        p_new = full["p_new_place"]
+        scale = 1.0 if kind == "ranker" else 1 - p_new
+        candidates = sorted([p_new, *(p["probability"] * scale for p in full["places"])], reverse=True)
+        held = [m["probability"] for m in chosen["members"]]
+        assert held == pytest.approx(candidates[: len(held)], abs=2e-6)  # the most likely first
+        assert sum(held) >= 0.9 - 1e-5
+        assert sum(held[:-1]) < 0.9 + 1e-5  # the fewest
+        assert chosen["total_probability"] == pytest.approx(sum(held), abs=1e-5)
+        news = [m for m in chosen["members"] if m.get("new_place")]
+        if news:  # "a new place" belongs: as likely as the set's least likely member, or more
+            assert news == [{"new_place": True, "probability": p_new}]
+            assert p_new >= held[-1] - 2e-6
+        else:
+            assert p_new <= held[-1] + 2e-6
+        places = [m for m in chosen["members"] if not m.get("new_place")]
+        assert all(m["location_id"] >= 2 for m in places)
+        assert all(39 < m["latitude"] < 41 for m in places)  # named: Beijing
+    table = nextloc(*args, "--coverage", "0.9", "--format", "table", uri=uri).stdout
+    assert "answer set for coverage 0.9" in table
+    assert "total probability" in table
 
 
 def test_bad_input_is_named(store, tmp_path):
@@ -270,13 +331,39 @@ def test_served_model_answers_as_the_cli(store, two_histories, tmp_path, kind):
     cli = json.loads(
         nextloc("predict", "--model", kind, "--history", str(two_histories), "-k", "3", uri=uri).stdout
     )
+    cli_sets = json.loads(
+        nextloc(
+            "predict",
+            "--model",
+            kind,
+            "--history",
+            str(two_histories),
+            "-k",
+            "3",
+            "--coverage",
+            "0.8",
+            uri=uri,
+        ).stdout
+    )
+    request = json.loads(two_histories.read_text())
     with served(f"models:/nextloc-{kind}@champion", uri, tmp_path / "serve.log") as url:
         status, body = _post(f"{url}/invocations", two_histories.read_bytes())
         bad = json.loads(two_histories.read_text())
         bad["dataframe_records"][1]["started_at"] = "yesterday"
         bad_status, bad_body = _post(f"{url}/invocations", json.dumps(bad).encode())
+        sets_status, sets_body = _post(
+            f"{url}/invocations", json.dumps({**request, "params": {"k": 3, "coverage": 0.8}}).encode()
+        )
+        over_status, over_body = _post(
+            f"{url}/invocations", json.dumps({**request, "params": {"k": 3, "coverage": 1.5}}).encode()
+        )
     assert status == 200, body
     assert body["predictions"] == cli
+    assert sets_status == 200, sets_body
+    assert sets_body["predictions"] == cli_sets  # the coverage param: the CLI's answer sets
+    assert all(answer["answer_set"]["coverage"] == 0.8 for answer in cli_sets)
+    assert over_status == 400
+    assert "coverage must be a number strictly between 0 and 1, got 1.5" in over_body["message"]
     known, unknown = cli
     assert (known["user_id"], known["known_user"], known["new_place_visits"]) == (73, True, 0)
     assert (unknown["user_id"], unknown["known_user"], unknown["new_place_visits"]) == (5555, False, 1)

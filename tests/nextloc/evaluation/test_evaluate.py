@@ -11,12 +11,12 @@ import torch
 from nextloc.evaluation.champion import champion_decision, paired_bootstrap
 from nextloc.evaluation.evaluate import evaluate, model_scores, pack_batch, score_split
 from nextloc.evaluation.leaderboard import format_summary, leaderboard, rank_board, summarise
-from nextloc.evaluation.metrics import METRIC_KEYS, RESULT_KEYS
+from nextloc.evaluation.metrics import METRIC_KEYS, RESULT_KEYS, SET_KEYS, SET_LEVELS, answer_sets
 from nextloc.models import build_model
 from nextloc.models.baselines import BaselineModule
 from nextloc.models.registry import KINDS, kinds
 from nextloc.predict.packed import PackedScorer
-from nextloc.routine.novelty import FEATURES, NewPlaceHead, novelty_features
+from nextloc.routine.novelty import FEATURES, NewPlaceHead, novelty_features, with_new_place
 from nextloc.training.data import Batch
 
 V, U = 9, 4
@@ -132,7 +132,7 @@ class TestEvaluate:
         val, test = splits
         model = BaselineModule(BASELINES["most_frequent"](V).fit(val))
         evaluation = evaluate(model_scores(model), model_scores(model), val, test, batch_size=4)
-        assert list(evaluation.test) == list(METRIC_KEYS)
+        assert list(evaluation.test) == [*METRIC_KEYS, *SET_KEYS]
         assert "new_place_auc" not in evaluation.val  # the head is fit on validation
         assert evaluation.val["new_place_rate"] == pytest.approx(300 / 8)
         assert evaluation.test["n"] == 6
@@ -163,6 +163,26 @@ class TestEvaluate:
         np.testing.assert_array_equal(top1, scored.top_hit)
         assert (top1 & is_new).any()  # "a new place" answered and credited
         np.testing.assert_allclose(scored.top_p[top1 & is_new], p_new[top1 & is_new], rtol=1e-5)
+
+    def test_answer_sets_are_measured_on_the_answers_distribution(self, splits):
+        """Test's ``set_*`` metrics: the answer sets of the places times 1 - P(new) and the head's P(new),
+        the same whether the metrics read that distribution (joint) or the model's own scores."""
+        val, test = splits
+        model = BaselineModule(BASELINES["most_frequent"](V).fit(val))
+        own = evaluate(model_scores(model), model_scores(model), val, test, batch_size=4)
+        joint = evaluate(model_scores(model), model_scores(model), val, test, batch_size=4, joint=True)
+        batch = next(test.batches(len(test)))
+        with torch.no_grad():
+            scores = model_scores(model)(batch)
+        p_new = own.head.predict(novelty_features(scores, batch).numpy().astype(np.float64))
+        probs = np.exp(with_new_place(scores.numpy(), p_new).astype(np.float64))
+        for level in SET_LEVELS:
+            coverage, size = answer_sets(probs, batch.target.numpy(), level)
+            name = round(level * 100)
+            assert own.test[f"set_coverage_{name}"] == pytest.approx(coverage)
+            assert own.test[f"set_size_{name}"] == pytest.approx(size)
+        assert {k: joint.test[k] for k in SET_KEYS} == pytest.approx({k: own.test[k] for k in SET_KEYS})
+        assert not set(SET_KEYS) & set(own.val)  # measured on test only
 
     @pytest.mark.parametrize("kind", [*NETWORKS, *BASELINES])
     def test_no_model_names_pad_or_unseen_as_a_place(self, kind, splits):

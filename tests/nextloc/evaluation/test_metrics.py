@@ -19,10 +19,15 @@ from sklearn.metrics import f1_score
 
 from nextloc.evaluation.metrics import (
     METRIC_KEYS,
+    SET_KEYS,
+    SET_LEVELS,
     answer_sets,
+    fewest_holding,
     new_place_metrics,
     rank_metrics,
     reliability,
+    set_metrics,
+    set_outcomes,
     weighted_f1,
 )
 from nextloc.evaluation.tensor_metrics import MetricAccumulator, evaluate_scores, place_ranks, target_ranks
@@ -465,3 +470,77 @@ def test_answer_sets_hold_their_level_when_calibrated() -> None:
         sizes.append(size)
     assert sizes == sorted(sizes)
     assert answer_sets(probs, targets, 1.0) == (100.0, 7.0)  # every class but padding
+
+
+class TestFewestHolding:
+    """The one rule for answer sets (``nextloc predict --coverage`` and the ``set_*`` metrics)."""
+
+    @staticmethod
+    def members(probs: list[list[float]], level: float) -> list[list[int]]:
+        order, size = fewest_holding(np.array(probs), level)
+        return [row[:n].tolist() for row, n in zip(order, size, strict=True)]
+
+    def test_most_likely_first_until_the_level(self) -> None:
+        assert self.members([[0.1, 0.6, 0.2, 0.1]], 0.5) == [[1]]
+        assert self.members([[0.1, 0.6, 0.2, 0.1]], 0.7) == [[1, 2]]
+        assert self.members([[0.1, 0.6, 0.2, 0.1]], 0.85) == [[1, 2, 0]]
+
+    def test_a_level_reached_exactly_is_reached(self) -> None:
+        """0.7 + 0.2 is below 0.9 in binary floating point: the tolerance keeps the set at two."""
+        assert 0.7 + 0.2 < 0.9
+        assert self.members([[0.7, 0.2, 0.1]], 0.9) == [[0, 1]]
+        assert self.members([[0.1, 0.5, 0.3, 0.1]], 0.8) == [[1, 2]]
+        assert self.members([[0.25, 0.25, 0.25, 0.25]], 0.5) == [[0, 1]]
+        assert self.members([[0.25, 0.25, 0.25, 0.25]], 0.5 + 1e-9) == [[0, 1, 2]]
+
+    def test_ties_take_the_lower_column_first(self) -> None:
+        """Column 0 is "a new place" in an answer: tied with a place, it comes first, as top_k ranks ties."""
+        assert self.members([[0.3, 0.3, 0.3, 0.1]], 0.5) == [[0, 1]]
+        assert self.members([[0.1, 0.3, 0.3, 0.3]], 0.5) == [[1, 2]]
+        assert self.members([[0.2, 0.4, 0.4]], 0.4) == [[1]]
+
+    def test_a_new_place_belongs_when_it_is_likely(self) -> None:
+        """Column 0 ("a new place") is a member like any other: in when its probability puts it in."""
+        assert self.members([[0.45, 0.35, 0.2]], 0.5) == [[0, 1]]
+        assert self.members([[0.05, 0.6, 0.35]], 0.9) == [[1, 2]]
+        assert self.members([[0.05, 0.6, 0.35]], 0.96) == [[1, 2, 0]]
+
+    def test_never_empty_and_never_a_zero(self) -> None:
+        assert self.members([[0.0, 0.9, 0.1]], 1e-6) == [[1]]  # the smallest level: the most likely one
+        assert self.members([[0.0, 0.0, 0.0]], 0.9) == [[0]]  # nothing to hold: still one member
+        assert self.members([[0.0, 0.5, 0.3]], 0.99) == [[1, 2]]  # sums to 0.8: every positive column
+        assert self.members([[0.0, 0.5, 0.5]], 1.0) == [[1, 2]]
+
+    @pytest.mark.parametrize("level", [0.0, -0.1, 1.1, float("nan")])
+    def test_a_level_outside_0_1_is_refused(self, level: float) -> None:
+        with pytest.raises(ValueError, match=r"probability in \(0, 1\]"):
+            fewest_holding(np.array([[0.5, 0.5]]), level)
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(st.integers(0, 20), min_size=2, max_size=8).filter(any),
+        st.sampled_from([0.05, 0.3, 0.5, 0.8, 0.9, 0.99]),
+    )
+    def test_the_fewest_that_hold_the_level(self, weights: list[int], level: float) -> None:
+        p = np.array(weights, dtype=np.float64) / sum(weights)
+        (members,) = self.members([p.tolist()], level)
+        assert members
+        assert len(set(members)) == len(members)
+        assert p[members].sum() >= level - 1e-12 or len(members) == (p > 0).sum()
+        fewer = np.sort(p)[::-1][: len(members) - 1].sum()
+        assert fewer < level - 1e-12  # no smaller set holds it
+        assert (np.diff(p[members]) <= 0).all()  # in order of probability
+
+    def test_outcomes_and_metrics_follow_the_rule(self) -> None:
+        """Class 0 (padding) is never a member; the rule's columns are the classes from 1."""
+        probs = np.array([[0.0, 0.5, 0.3, 0.2], [0.0, 0.1, 0.6, 0.3], [0.0, 0.7, 0.2, 0.1]])
+        targets = np.array([2, 1, 1])  # the second likeliest; "a new place", least likely, then likeliest
+        covered, size = set_outcomes(probs, targets, SET_LEVELS)
+        assert size.tolist() == [[1, 2, 3], [1, 2, 2], [1, 2, 2]]  # 0.6 + 0.3 and 0.7 + 0.2 reach 0.9
+        assert covered.tolist() == [[False, True, True], [False, False, False], [True, True, True]]
+        metrics = set_metrics(covered, size)
+        assert list(metrics) == list(SET_KEYS)
+        assert metrics["set_coverage_80"] == pytest.approx(200 / 3)
+        assert (metrics["set_size_50"], metrics["set_size_90"]) == (1.0, pytest.approx(7 / 3))
+        assert answer_sets(probs, targets, 0.8) == (metrics["set_coverage_80"], metrics["set_size_80"])
+        assert np.isnan(set_metrics(covered[:0], size[:0])["set_coverage_90"])

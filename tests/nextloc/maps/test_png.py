@@ -131,6 +131,21 @@ def test_the_map_draws_the_history_and_the_places(tmp_path: Path) -> None:
     assert list(panel.place_lines) == [f"#{p['rank']}  p {p['probability']:.3f}" for p in places]
     assert "user 153" in panel.title
     assert "P(new place) 0.20" in panel.title
+    assert "set" not in panel.title  # without --coverage
+
+
+def test_the_answer_set_is_a_line_of_the_title(tmp_path: Path) -> None:
+    model, histories, answer = answered(VISITS)
+    with_set = predict(model, histories, k=3, coverage=0.9)[0]
+    drawn = draw_answer(history_visits(histories, 0, model.locations), with_set, tmp_path / "set.png")
+    (panel,) = drawn.panels
+    assert (
+        panel.title.splitlines()[:2]
+        == draw_answer(history_visits(histories, 0, model.locations), answer, tmp_path / "plain.png")
+        .panels[0]
+        .title.splitlines()
+    )
+    assert panel.title.splitlines()[2].startswith("90% set, total ")
 
 
 def test_a_far_place_is_listed_not_framed(tmp_path: Path) -> None:

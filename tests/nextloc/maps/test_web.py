@@ -46,11 +46,17 @@ def test_the_answers_page_holds_leaflet_and_a_layer_per_history(leaflet, tmp_pat
     from nextloc.maps.answers import answers_page
 
     history, answer = web_answer
-    second = {**answer, "user_id": 5555, "history_id": "a<b", "p_new_place": None}
+    chosen = {
+        "coverage": 0.8,
+        "total_probability": 0.85,
+        "members": [{"new_place": True, "probability": 0.85}],
+    }
+    second = {**answer, "user_id": 5555, "history_id": "a<b", "p_new_place": None, "answer_set": chosen}
     page = answers_page([(history, answer), (history.iloc[:2], second)], tmp_path / "answers.html")
     first, other = page.layers
     assert (first.spots, first.places, first.visits, first.p_new_place) == (3, 2, 4, 0.123)
     assert (other.spots, other.places, other.p_new_place) == (2, 2, None)
+    assert (first.answer_set, other.answer_set) == (None, "80% set, total 0.850: a new place")
     assert page.markers == 9
     html = page.path.read_text()
     assert external_references(html) == []
@@ -59,6 +65,7 @@ def test_the_answers_page_holds_leaflet_and_a_layer_per_history(leaflet, tmp_pat
     assert "cdn" not in html.lower().split("</head>")[1]  # no CDN link anywhere in the page's body
     assert "P(new place) 0.123" in html
     assert "no new-place head" in html
+    assert "no new-place head); 80% set, total 0.850: a new place" in html  # with --coverage
     assert "history a\\u0026lt;b" in html  # escaped, then written as JSON text
     assert "a<b" not in html
     assert "1,4 (latest)" in html  # one label for the two visits at one spot

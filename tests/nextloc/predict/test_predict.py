@@ -24,6 +24,7 @@ from nextloc.models import build_model
 from nextloc.models.baselines import BaselineModule, MarkovBaseline, MostFrequentBaseline
 from nextloc.models.ensemble import SeedEnsemble
 from nextloc.predict.answer import predict
+from nextloc.predict.answer_set import describe_set
 from nextloc.predict.histories import encode_visits, sample_histories
 from nextloc.predict.history_reader import read_history
 from nextloc.predict.packed import PackedScorer, packed_batch
@@ -294,6 +295,64 @@ def test_the_answer_names_places() -> None:
     }
     assert all(p["location_id"] >= 2 for p in answer["places"])
     assert sum(p["probability"] for p in answer["places"]) == pytest.approx(1.0, abs=1e-5)  # 3 places
+
+
+class TestAnswerSet:
+    """``predict(..., coverage=P)``: the fewest places (and "a new place" when it belongs) holding P."""
+
+    def answer(self, coverage: float | None, bundle: ModelBundle | None = None) -> dict:
+        bundle = bundle or small_bundle()
+        (answer,) = predict(
+            bundle, encode_visits(validate_visits(visits(DAY1)), bundle), 2, coverage=coverage
+        )
+        return answer
+
+    def test_the_top_k_answer_is_unchanged(self) -> None:
+        plain, with_set = self.answer(None), self.answer(0.9)
+        assert "answer_set" not in plain
+        assert {k: v for k, v in with_set.items() if k != "answer_set"} == plain
+
+    def test_the_fewest_members_most_likely_first(self) -> None:
+        """The places share 1 - P(new) = 0.8 (a neural or baseline kind's places sum to 1 alone); P(new)
+        0.2 puts "a new place" second, a member once 0.59 (place 2) is not enough."""
+        plain = self.answer(None)
+        p2 = plain["places"][0]["probability"]
+        small = self.answer(0.5)["answer_set"]
+        assert small["coverage"] == 0.5
+        first = {k: v for k, v in plain["places"][0].items() if k != "rank"}
+        assert small["members"] == [{**first, "probability": pytest.approx(0.8 * p2, abs=1e-6)}]
+        assert small["total_probability"] == pytest.approx(0.8 * p2, abs=1e-6)
+        large = self.answer(0.9)["answer_set"]
+        assert [m.get("location_id", "new") for m in large["members"]] == [2, "new", 3]
+        assert large["members"][1] == {"new_place": True, "probability": 0.2}
+        held = [m["probability"] for m in large["members"]]
+        assert held == sorted(held, reverse=True)
+        assert large["total_probability"] == pytest.approx(sum(held), abs=1e-5)
+        assert sum(held) >= 0.9 > sum(held[:-1])
+        assert large["members"][2]["latitude"] == round(north(500)[0], 6)  # a member's place is named
+
+    def test_no_new_place_without_a_head(self) -> None:
+        headless = ModelBundle(**{**small_bundle().__dict__, "head": None})
+        chosen = self.answer(0.99, headless)["answer_set"]
+        assert all("location_id" in m for m in chosen["members"])
+        assert chosen["total_probability"] >= 0.99
+
+    @pytest.mark.parametrize("coverage", [0.0, 1.0, -0.5, 1.5, float("nan"), "often"])
+    def test_a_coverage_outside_0_1_is_refused(self, coverage) -> None:
+        with pytest.raises(ValueError, match="coverage must be a number strictly between 0 and 1"):
+            self.answer(coverage)
+
+    def test_a_set_in_one_line(self) -> None:
+        assert describe_set(self.answer(None)) is None
+        assert describe_set(self.answer(0.9)) == "90% set, total 0.962: places 2, 3 and a new place"
+        many = {
+            "answer_set": {
+                "coverage": 0.8,
+                "total_probability": 0.81,
+                "members": [{"location_id": i, "probability": 0.1} for i in range(2, 10)],
+            }
+        }
+        assert describe_set(many, most=3) == "80% set, total 0.810: 8 places (2, 3, 4, ...)"
 
 
 def test_a_visit_far_from_every_known_place_is_new() -> None:
