@@ -2,37 +2,53 @@
 
 Decisions:
 
-* **contextily** fetches and mosaics the tiles (:func:`contextily.bounds2img`) and warps the Web Mercator
-  mosaic into the panel's own projection (:func:`contextily.warp_tiles`, through rasterio). The panels keep
-  their local equirectangular metres or kilometres (:func:`nextloc.maps.png.project`, which PROJ spells as
-  :func:`panel_crs`), so every marker, label and axis stays as it was drawn without tiles.
-  ``contextily.add_basemap`` is not used: its attribution calls pyplot's ``draw()``, which would open a
-  figure in pyplot's registry; the image and the attribution are drawn here on the panel's own axes.
+* **Tiles fetched and kept here, as the server's image files; warped by contextily.** The tiles under a
+  view (mercantile's indices at the zoom of 2 to 4 tiles across) are asked with requests, kept on disk as
+  the bytes the server sent (PNG, or JPEG where a source serves JPEG), read back with Pillow and stitched
+  into one Web Mercator image (its extent: :func:`mercantile.xy_bounds`). :func:`contextily.warp_tiles`
+  (through rasterio) warps it into the panel's own projection: the panels keep their local equirectangular
+  metres or kilometres (:func:`nextloc.maps.png.project`, which PROJ spells as :func:`panel_crs`), so every
+  marker, label and axis stays as it was drawn without tiles. contextily's own fetching and cache
+  (``bounds2img``: joblib pickles every tile and unpickles it the next time) are not used: nothing is
+  unpickled. Neither is ``contextily.add_basemap``: its attribution calls pyplot's ``draw()``, which would
+  open a figure in pyplot's registry; the image and the attribution are drawn here on the panel's own axes.
 * **All or nothing, fetched before anything is drawn.** Every panel's tiles are fetched and warped first;
-  one failure (offline, the server unreachable or slow, an HTTP error, a bad setting, contextily missing)
-  draws no basemap on any panel and logs one warning naming why, so the PNG is then the plain axes,
-  byte for byte what it is with the tiles turned off.
+  one failure (offline, the server unreachable or slow, an HTTP error, not an image, a bad setting, the
+  cache not writable) draws no basemap on any panel and logs one warning naming why, so the PNG is then the
+  plain axes, byte for byte what it is with the tiles turned off.
 * **Where tiles come from**: ``$NEXTLOC_MAP_TILES``: unset or empty, OpenStreetMap's standard tiles; a URL
   template with ``{z}``, ``{x}`` and ``{y}``; the name of an xyzservices provider (``CartoDB.Positron``);
-  ``off``: no basemap and no request. Requests go one at a time, carry a User-Agent naming nextloc (as
-  OpenStreetMap's tile usage policy asks) and give up after :data:`TIMEOUT_S` seconds without an answer.
-* **Cached on disk**: contextily keeps every tile it fetched (joblib's cache) under ``$NEXTLOC_TILE_CACHE``,
-  by default ``$XDG_CACHE_HOME/nextloc/tiles`` (``~/.cache/nextloc/tiles``); a cached tile is never asked
-  for again, so a map drawn once draws again offline, to the same bytes. Deleting the folder is safe.
+  ``off``: no basemap and no request. Requests go one at a time over one connection, carry a User-Agent
+  naming nextloc (as OpenStreetMap's tile usage policy asks) and give up after :data:`TIMEOUT_S` seconds
+  without an answer; all of a PNG's tiles must have come within :data:`DEADLINE_S` seconds, so a slow
+  server cannot stall a map for long.
+* **Cached on disk**: every tile fetched is kept as ``<cache>/<source key>/<z>/<x>/<y>.png`` (``.jpg`` for
+  JPEG), written atomically (:func:`nextloc.atomic.atomic_path`), under ``$NEXTLOC_TILE_CACHE``, by default
+  ``$XDG_CACHE_HOME/nextloc/tiles`` (``~/.cache/nextloc/tiles``). The source key (:attr:`TileSource.key`)
+  is the source's name and a hash of its URL, so two sources never mix. A cached tile is never asked for
+  again, so a map drawn once draws again offline, to the same bytes; one that no longer reads as an image
+  is asked for again. Deleting the folder, or any file in it, is safe.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import math
 import os
+import re
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import numpy as np
+
+from nextloc.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +58,12 @@ TILES_ENV = "NEXTLOC_MAP_TILES"
 TILE_CACHE_ENV = "NEXTLOC_TILE_CACHE"
 OFF = frozenset({"off", "none", "no", "false", "0"})
 TIMEOUT_S = 2.0  # connect and read, per request: an offline machine waits this long at most per map
+DEADLINE_S = 5.0  # all of a PNG's tiles, fetched one after another
+MAX_TILE_BYTES = 4 << 20  # a tile is some 10-100 KB: beyond this the answer is no tile
 MAX_ZOOM = 19  # a source that does not say its own
-USER_AGENT = "nextloc/0.1 (next-location PNG maps; python-requests via contextily)"
+USER_AGENT = "nextloc/0.1 (next-location PNG maps; python-requests)"
 EARTH_RADIUS_M = 6_371_008.8  # nextloc.maps.png's sphere
-WEB_MERCATOR_HALF_M = math.pi * 6_378_137.0  # EPSG:3857 spans twice this east to west
+SUFFIXES = {"PNG": ".png", "JPEG": ".jpg", "MPO": ".jpg"}  # a tile's file by its format; else .<format>
 ATTRIBUTION = {"fontsize": 6, "color": "0.2", "zorder": 8, "in_layout": False}
 ATTRIBUTION_BOX = {"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1.0}
 
@@ -57,13 +75,15 @@ class TileSource:
     Attributes:
         provider: an :class:`xyzservices.TileProvider` (``url``, ``name``, ``attribution``, optional
             ``max_zoom``).
-        cache_dir: the folder of the tile cache.
+        cache_dir: the folder of the tile cache (each source in its own :attr:`key` folder).
         timeout_s: connect and read timeout of each request.
+        deadline_s: all of a PNG's tiles must have come within this many seconds.
     """
 
     provider: Mapping[str, Any]
     cache_dir: Path
     timeout_s: float = TIMEOUT_S
+    deadline_s: float = DEADLINE_S
 
     @property
     def name(self) -> str:
@@ -73,14 +93,34 @@ class TileSource:
     def attribution(self) -> str:
         return str(self.provider.get("attribution") or "")
 
+    @cached_property
+    def template(self) -> str:
+        """The tiles' URL with ``{z}``, ``{x}`` and ``{y}`` left in (xyzservices fills in the rest)."""
+        build = getattr(self.provider, "build_url", None)
+        return build() if build is not None else str(self.provider["url"])
+
+    @property
+    def key(self) -> str:
+        """The source's folder in the cache: its name (file-name safe) and a hash of its URL template."""
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", self.name).strip("._")[:60] or "tiles"
+        return f"{name}-{hashlib.sha256(self.template.encode()).hexdigest()[:12]}"
+
+    def url(self, tile: Any) -> str:
+        """The URL of ``tile`` (a :class:`mercantile.Tile`)."""
+        return (
+            self.template.replace("{z}", str(tile.z)).replace("{x}", str(tile.x)).replace("{y}", str(tile.y))
+        )
+
     @classmethod
-    def from_url(cls, url: str, cache_dir: Path, timeout_s: float = TIMEOUT_S) -> TileSource:
+    def from_url(
+        cls, url: str, cache_dir: Path, timeout_s: float = TIMEOUT_S, deadline_s: float = DEADLINE_S
+    ) -> TileSource:
         """A source from a URL template (``{z}``, ``{x}``, ``{y}``), credited to its host."""
         from xyzservices import TileProvider
 
         host = urlsplit(url).netloc or url
         provider = TileProvider(name=host, url=url, attribution=f"map tiles: {host}")
-        return cls(provider, Path(cache_dir), timeout_s)
+        return cls(provider, Path(cache_dir), timeout_s, deadline_s)
 
 
 def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -142,10 +182,10 @@ def add_basemaps(
         source = configured() if tiles == "env" else tiles
         if source is None:
             return []
-        images = [
-            _fetch(source, panel_crs(*view), ax.get_xlim(), ax.get_ylim())
-            for ax, view in zip(axes, views, strict=True)
-        ]
+        images = _fetch_panels(
+            source,
+            [(panel_crs(*view), ax.get_xlim(), ax.get_ylim()) for ax, view in zip(axes, views, strict=True)],
+        )
     except Exception as err:  # offline, unreachable, slow, HTTP errors, a bad setting: the plain axes
         logger.warning("%s: no basemap (%s: %s); drawn on plain axes", what, type(err).__name__, err)
         return []
@@ -161,33 +201,139 @@ def add_basemaps(
         )
         text.set(bbox=ATTRIBUTION_BOX, **ATTRIBUTION)
         marks.append(text)
-    logger.info("%s: basemap from %s (cache %s)", what, source.name, source.cache_dir)
+    logger.info("%s: basemap from %s (cache %s)", what, source.name, source.cache_dir / source.key)
     return marks
 
 
+@dataclass
+class _Fetch:
+    """One PNG's fetching: the session (one connection, nextloc's User-Agent), the deadline, the counts."""
+
+    source: TileSource
+    session: Any
+    deadline: float = field(init=False)
+    fetched: int = 0
+    cached: int = 0
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.source.deadline_s
+
+    def seconds_left(self) -> float:
+        """The time left for the next request, at most the source's timeout.
+
+        Raises:
+            TimeoutError: the deadline has passed.
+        """
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the tiles did not all come within {self.source.deadline_s:g} s")
+        return min(self.source.timeout_s, left)
+
+
+def _fetch_panels(
+    source: TileSource, views: Sequence[tuple[str, tuple[float, float], tuple[float, float]]]
+) -> list[tuple[np.ndarray, tuple[float, float, float, float]]]:
+    """Each view's ``(crs, xlim, ylim)`` warped image and extent (:func:`_fetch`), within one deadline."""
+    import requests
+
+    with requests.Session() as session:
+        session.headers["User-Agent"] = USER_AGENT
+        fetch = _Fetch(source, session)
+        images = [_fetch(fetch, *view) for view in views]
+    logger.debug("%s: %d tiles fetched, %d from the cache", source.name, fetch.fetched, fetch.cached)
+    return images
+
+
 def _fetch(
-    source: TileSource, crs: str, xlim: tuple[float, float], ylim: tuple[float, float]
+    fetch: _Fetch, crs: str, xlim: tuple[float, float], ylim: tuple[float, float]
 ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
     """The tiles under the view ``xlim`` x ``ylim`` of ``crs``, warped into it: the image and its extent
     (``left, right, bottom, top``). Zoom: 2 to 4 tiles across the view, at most the source's."""
     import contextily
+    import mercantile
     from rasterio.warp import transform_bounds
 
-    west, south, east, north = transform_bounds(crs, "EPSG:3857", xlim[0], ylim[0], xlim[1], ylim[1])
-    across = 2 * WEB_MERCATOR_HALF_M / max(east - west, 1e-9)  # views across the world
-    zoom = int(np.clip(math.ceil(math.log2(2 * across)), 0, source.provider.get("max_zoom", MAX_ZOOM)))
-    source.cache_dir.mkdir(parents=True, exist_ok=True)
-    contextily.set_cache_dir(str(source.cache_dir))
-    image, extent = contextily.bounds2img(
-        west,
-        south,
-        east,
-        north,
-        zoom=zoom,
-        source=source.provider,
-        headers={"user-agent": USER_AGENT},
-        n_connections=1,
-        use_cache=True,
-        timeout=source.timeout_s,
-    )
+    west, south, east, north = transform_bounds(crs, "EPSG:4326", xlim[0], ylim[0], xlim[1], ylim[1])
+    across = 360 / max(east - west, 1e-12)  # views across the world
+    max_zoom = fetch.source.provider.get("max_zoom", MAX_ZOOM)
+    zoom = int(np.clip(math.ceil(math.log2(2 * across)), 0, max_zoom))
+    tiles = list(mercantile.tiles(west, south, east, north, [zoom]))
+    image, extent = _mosaic(tiles, [_tile(fetch, tile) for tile in tiles])
     return contextily.warp_tiles(image, extent, t_crs=crs)
+
+
+def _tile(fetch: _Fetch, tile: Any) -> np.ndarray:
+    """The tile's RGBA pixels: from its file in the cache, else from the server (then kept in the cache)."""
+    folder = fetch.source.cache_dir / fetch.source.key / str(tile.z) / str(tile.x)
+    for path in sorted(folder.glob(f"{tile.y}.*")):
+        try:
+            pixels, _ = _decode(path.read_bytes())
+        except (OSError, ValueError) as err:  # not an image (any more): asked for again
+            logger.info("%s: not a tile image (%s); fetched again", path, err)
+            path.unlink(missing_ok=True)
+            continue
+        fetch.cached += 1
+        return pixels
+    data = _download(fetch, fetch.source.url(tile))
+    pixels, kind = _decode(data)
+    with atomic_path(folder / f"{tile.y}{SUFFIXES.get(kind, '.' + kind.lower())}") as tmp:
+        tmp.write_bytes(data)
+    fetch.fetched += 1
+    return pixels
+
+
+def _download(fetch: _Fetch, url: str) -> bytes:
+    """The body of ``url``, read within the fetch's deadline and :data:`MAX_TILE_BYTES`.
+
+    Raises:
+        requests.RequestException: unreachable, no answer in time, an HTTP error.
+        TimeoutError: the deadline passed.
+        ValueError: a body over :data:`MAX_TILE_BYTES`.
+    """
+    with fetch.session.get(url, timeout=fetch.seconds_left(), stream=True) as response:
+        response.raise_for_status()
+        body = bytearray()
+        for chunk in response.iter_content(64 << 10):
+            body += chunk
+            if len(body) > MAX_TILE_BYTES:
+                raise ValueError(f"an answer over {MAX_TILE_BYTES} bytes is not a tile")
+            fetch.seconds_left()  # a server that trickles its answer runs into the deadline too
+    return bytes(body)
+
+
+def _decode(data: bytes) -> tuple[np.ndarray, str]:
+    """A tile's RGBA pixels and its format (``PNG``, ``JPEG``), read with Pillow.
+
+    Raises:
+        OSError: not an image Pillow reads (``PIL.UnidentifiedImageError``) or a truncated one.
+    """
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        kind = str(image.format or "tile")
+        return np.asarray(image.convert("RGBA")), kind
+
+
+def _mosaic(tiles: Sequence[Any], arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, tuple[float, ...]]:
+    """The ``tiles`` (:class:`mercantile.Tile`, one zoom) stitched into one image, and its Web Mercator
+    extent (``left, right, bottom, top``).
+
+    Raises:
+        ValueError: tiles of different sizes.
+    """
+    import mercantile
+
+    shapes = {array.shape for array in arrays}
+    if len(shapes) != 1:
+        raise ValueError(f"tiles of different sizes: {sorted(shapes)}")
+    height, width, bands = arrays[0].shape
+    x0, y0 = min(t.x for t in tiles), min(t.y for t in tiles)
+    x1, y1 = max(t.x for t in tiles), max(t.y for t in tiles)
+    image = np.zeros(((y1 - y0 + 1) * height, (x1 - x0 + 1) * width, bands), dtype=np.uint8)
+    for tile, array in zip(tiles, arrays, strict=True):
+        row, col = (tile.y - y0) * height, (tile.x - x0) * width
+        image[row : row + height, col : col + width] = array
+    zoom = tiles[0].z
+    left, _, _, top = mercantile.xy_bounds(x0, y0, zoom)
+    _, bottom, right, _ = mercantile.xy_bounds(x1, y1, zoom)
+    return image, (left, right, bottom, top)
