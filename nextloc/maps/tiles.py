@@ -226,8 +226,11 @@ class _Fetch:
         """
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"the tiles did not all come within {self.source.deadline_s:g} s")
+            raise self.late()
         return min(self.source.timeout_s, left)
+
+    def late(self) -> TimeoutError:
+        return TimeoutError(f"the tiles did not all come within {self.source.deadline_s:g} s")
 
 
 def _fetch_panels(
@@ -290,14 +293,25 @@ def _download(fetch: _Fetch, url: str) -> bytes:
         TimeoutError: the deadline passed.
         ValueError: a body over :data:`MAX_TILE_BYTES`.
     """
-    with fetch.session.get(url, timeout=fetch.seconds_left(), stream=True) as response:
-        response.raise_for_status()
-        body = bytearray()
-        for chunk in response.iter_content(64 << 10):
-            body += chunk
-            if len(body) > MAX_TILE_BYTES:
-                raise ValueError(f"an answer over {MAX_TILE_BYTES} bytes is not a tile")
-            fetch.seconds_left()  # a server that trickles its answer runs into the deadline too
+    import requests
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+    timeout = fetch.seconds_left()
+    try:
+        with fetch.session.get(url, timeout=timeout, stream=True) as response:
+            response.raise_for_status()
+            # read1: what has come, not a full chunk, so that a trickled answer meets the deadline too
+            read = getattr(response.raw, "read1", response.raw.read)  # urllib3 < 2.3: no read1
+            body = bytearray()
+            while chunk := read(64 << 10, decode_content=True):
+                body += chunk
+                if len(body) > MAX_TILE_BYTES:
+                    raise ValueError(f"an answer over {MAX_TILE_BYTES} bytes is not a tile")
+                fetch.seconds_left()
+    except (requests.Timeout, Urllib3Timeout, TimeoutError) as err:
+        if timeout < fetch.source.timeout_s:  # the request had what the deadline left: that is what ran out
+            raise fetch.late() from err
+        raise
     return bytes(body)
 
 
