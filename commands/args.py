@@ -119,7 +119,8 @@ def _predict_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PNG|HTML",
         help="also draw the answers on a map: .png, the first 4 (one panel each: the history's visits in "
-        "order, the predicted places sized by probability, P(new place) in the title; offline, no tiles); "
+        "order, the predicted places sized by probability, P(new place) in the title; on map tiles, "
+        "$NEXTLOC_MAP_TILES (OpenStreetMap by default, cached; off: none), where they can be had); "
         ".html, a web map with a layer per history and a popup per place (Leaflet inside the page; "
         "OpenStreetMap tiles when online)",
     )

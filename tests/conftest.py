@@ -40,6 +40,9 @@ os.environ.pop("PREFECT_API_URL", None)
 # start (each CLI command's PREFECT_HOME has one) go soon once their tests are done.
 os.environ.setdefault("PREFECT_API_REQUEST_TIMEOUT", str(STALL_S))
 os.environ.setdefault("NEXTLOC_LOCAL_API_IDLE_S", "120")
+# No map tiles from the internet: the PNG maps are drawn on their plain axes (CI has no network; a set
+# $NEXTLOC_MAP_TILES would make the tests ask it). tests/nextloc/maps/test_tiles.py serves its own tiles.
+os.environ["NEXTLOC_MAP_TILES"] = "off"
 
 
 def require_data(path: Path, what: str) -> Path:

@@ -7,7 +7,8 @@ order given (the caller puts the important ones first), to the first free positi
 * the candidates are the label's own offset, then eight directions (the text's box beside the point:
   right, above right, above, ...), on rings :data:`RING_PT` points apart, nearest first;
 * a candidate is free when its box, as the renderer measures the text, comes no closer than
-  :data:`GAP_PX` to a label placed before it and stays inside the axes; a first pass also keeps it off the other labelled points
+  :data:`GAP_PX` to a label placed before it (or a box the caller keeps free: a basemap's attribution)
+  and stays inside the axes; a first pass also keeps it off the other labelled points
   (:data:`POINT_PX` around each), a second drops that wish when a crowd leaves no room;
 * a label moved past the first ring gets a thin leader line to its point.
 
@@ -62,13 +63,19 @@ def boxes_overlap(a: Sequence[float], b: Sequence[float], gap: float = 0.0) -> b
     return a[0] < b[2] + gap and b[0] < a[2] + gap and a[1] < b[3] + gap and b[1] < a[3] + gap
 
 
-def place_labels(ax: Any, labels: Sequence[Any], renderer: Any) -> tuple[Placed, ...]:
+def place_labels(
+    ax: Any,
+    labels: Sequence[Any],
+    renderer: Any,
+    avoid: Sequence[tuple[float, float, float, float]] = (),
+) -> tuple[Placed, ...]:
     """Move ``labels`` (annotations of ``ax`` at a data point, offset in points) so that none covers another
-    (see the module docstring); returns each as drawn, in the order given."""
+    nor any box of ``avoid`` (pixels: a basemap's attribution) (see the module docstring); returns each as
+    drawn, in the order given."""
     frame = ax.get_window_extent(renderer).extents
     anchors = [label for label in labels if _shown(ax, label)]
     points = np.array([ax.transData.transform(label.xy) for label in anchors], float).reshape(-1, 2)
-    taken: list[tuple[float, float, float, float]] = []
+    taken: list[tuple[float, float, float, float]] = list(avoid)
     placed: dict[int, Placed] = {}
     for i, label in enumerate(anchors):
         others = np.delete(points, i, axis=0)

@@ -2,10 +2,12 @@
 
 Decisions:
 
-* **No network, no tiles.** The picture is drawn from the coordinates alone, so it works offline and in
-  CI. A local metric projection (metres east and north of the drawing's centre, equirectangular: exact
-  enough over a city) with an equal aspect keeps distances true; the axes are in metres, or kilometres
-  when the drawing spans more than :data:`KM_ABOVE_M`, and say where their origin is.
+* **Drawn from the coordinates; a basemap where tiles can be had.** A local metric projection (metres
+  east and north of the drawing's centre, equirectangular: exact enough over a city) with an equal aspect
+  keeps distances true; the axes are in metres, or kilometres when the drawing spans more than
+  :data:`KM_ABOVE_M`, and say where their origin is. Under it, web map tiles warped into that projection
+  (:mod:`nextloc.maps.tiles`: ``$NEXTLOC_MAP_TILES``, cached on disk); offline, or when anything about the
+  tiles fails, one warning and the same picture on the plain axes, so it works offline and in CI.
 * **matplotlib without pyplot.** A :class:`~matplotlib.figure.Figure` on its own Agg canvas: no global
   backend is chosen and no figure registry grows, so a caller's own plotting (a notebook) is untouched.
 * **What was drawn is returned.** :class:`DrawnMap` is read back from the drawn artists (the line's data,
@@ -34,13 +36,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from nextloc.atomic import atomic_path
 from nextloc.maps.labels import Placed, place_labels
+from nextloc.maps.tiles import TileSource, add_basemaps
 from nextloc.predict.answer import visits_at_centres
 from nextloc.predict.answer_set import describe_set
 from nextloc.predict.histories import Histories, history_visits
@@ -93,6 +96,7 @@ class Panel:
         in_view: ``(k,)`` which places the view frames (a far one is drawn outside it and listed).
         place_lines: the key in the panel's corner, one line per place.
         labels: the ranks, then the visit numbers, as drawn (their boxes in pixels).
+        basemap: the attribution of the tiles drawn under the panel; ``""``: no basemap, the plain axes.
     """
 
     title: str
@@ -106,6 +110,7 @@ class Panel:
     in_view: np.ndarray
     place_lines: tuple[str, ...]
     labels: tuple[Placed, ...] = ()
+    basemap: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,7 @@ def draw_answer(
     answer: Mapping[str, Any],
     path: Path,
     actual: tuple[float, float] | None = None,
+    tiles: TileSource | None | Literal["env"] = "env",
 ) -> DrawnMap:
     """One answer on a map (see the module docstring), written to ``path`` as a 640 x 640 PNG.
 
@@ -144,18 +150,22 @@ def draw_answer(
         answer: one answer of :func:`nextloc.predict.answer.predict`.
         path: the PNG to write.
         actual: ``(latitude, longitude)`` of where the user really went next, if known.
+        tiles: the basemap's tile source; ``"env"``: ``$NEXTLOC_MAP_TILES``
+            (:func:`nextloc.maps.tiles.configured`); None: no basemap.
 
     Raises:
         ValueError: nothing to draw (no visit and no place with coordinates).
     """
-    return draw_answers([(history, answer, actual)], path)
+    return draw_answers([(history, answer, actual)], path, tiles)
 
 
 def draw_answers(
-    items: Sequence[tuple[pd.DataFrame, Mapping[str, Any], tuple[float, float] | None]], path: Path
+    items: Sequence[tuple[pd.DataFrame, Mapping[str, Any], tuple[float, float] | None]],
+    path: Path,
+    tiles: TileSource | None | Literal["env"] = "env",
 ) -> DrawnMap:
     """Several answers, one panel each (two per row), in one PNG: ``items`` are ``(history, answer,
-    actual)`` as :func:`draw_answer` takes them."""
+    actual)`` and ``tiles`` as :func:`draw_answer` takes them."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -169,19 +179,30 @@ def draw_answers(
     drawn = [_draw_panel(ax, *item) for ax, item in zip(axes, items, strict=False)]
     for ax in axes[len(items) :]:
         ax.set_axis_off()
+    path = Path(path)
+    views = [(panel.origin, panel.unit_m) for panel, _ in drawn]
+    marks = add_basemaps(axes[: len(items)], views, tiles, path)
     renderer = fig.canvas.get_renderer()
     fig.get_layout_engine().execute(fig)  # the final layout: the labels are placed in its pixels
     fig.set_layout_engine("none")  # kept as it is: saving lays out nothing again
     panels = tuple(
-        replace(panel, labels=place_labels(ax, labels, renderer))
-        for ax, (panel, labels) in zip(axes, drawn, strict=False)
+        replace(
+            panel,
+            labels=place_labels(ax, labels, renderer, _kept_free(mark, renderer)),
+            basemap="" if mark is None else mark.get_text(),
+        )
+        for ax, (panel, labels), mark in zip(axes, drawn, marks or [None] * len(drawn), strict=False)
     )
-    path = Path(path)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=DPI)
     width, height = (int(round(v * DPI)) for v in fig.get_size_inches())
     logger.info("drew %d answer(s) on %s (%d x %d px)", len(items), path, width, height)
     return DrawnMap(path, width, height, panels)
+
+
+def _kept_free(mark: Any, renderer: Any) -> list[tuple[float, float, float, float]]:
+    """The box the labels keep off: a basemap's attribution (``mark``), padded as its box is drawn."""
+    return [] if mark is None else [tuple(mark.get_window_extent(renderer).padded(2).extents)]
 
 
 def draw_predictions(
@@ -190,11 +211,13 @@ def draw_predictions(
     locations: pd.DataFrame | None,
     path: Path,
     limit: int = MAX_PANELS,
+    tiles: TileSource | None | Literal["env"] = "env",
 ) -> DrawnMap:
-    """The first ``limit`` answers of :func:`nextloc.predict.answer.predict` on their histories, in one PNG."""
+    """The first ``limit`` answers of :func:`nextloc.predict.answer.predict` on their histories, in one PNG
+    (``tiles`` as :func:`draw_answer` takes them)."""
     count = min(limit, len(answers))
     items = [(history_visits(histories, i, locations), answers[i], None) for i in range(count)]
-    return draw_answers(items, path)
+    return draw_answers(items, path, tiles)
 
 
 @dataclass(frozen=True)

@@ -75,3 +75,16 @@ def test_a_label_of_a_point_outside_the_axes_is_not_drawn() -> None:
     assert inside.ring == 1
     assert outside.ring == 0
     assert outside.box == pytest.approx((0, 0, 0, 0))
+
+
+def test_labels_keep_off_the_boxes_they_are_told_to_avoid() -> None:
+    """A box to keep free (a basemap's attribution) where a label would stay: the label moves off it."""
+    fig, ax, labels = crowded_figure(np.array([[50.0, 50.0]]), ["#1"])
+    (alone,) = place_labels(ax, labels, fig.canvas.get_renderer())
+    assert labels[0].xyann == (5, -11)  # free: its own place
+    x0, y0, x1, y1 = alone.box
+    credit = (x0 - 5, y0 - 3, x1 + 5, y1 + 3)
+    fig, ax, labels = crowded_figure(np.array([[50.0, 50.0]]), ["#1"])
+    (placed,) = place_labels(ax, labels, fig.canvas.get_renderer(), [credit])
+    assert not boxes_overlap(placed.box, credit, GAP_PX - 0.01)
+    assert labels[0].xyann != (5, -11)
