@@ -6,9 +6,12 @@
   leaving); the weights are chosen on validation (coordinate search over a fixed grid, place MRR).
 * ``ranker``: LightGBM's LambdaRank over every routine feature, fit on the train split's questions, its
   number of trees chosen on validation (early stopping).
-* ``ranker_refit``: the ``ranker``'s choices (its number of trees, its calibration) with the trees refit on
-  the train and validation questions: what a team deploys, outside the reference data budget (it trains on
-  validation), never a headline; its validation metrics are those of the ``ranker`` it was chosen with.
+* ``ranker_refit``: the ``ranker``'s number of trees with the trees refit on the train and validation
+  questions: what a team deploys, outside the reference data budget (it trains on validation), never a
+  headline; its validation metrics are those of the ``ranker`` it was chosen with. Its calibration (and its
+  new-place head) cannot be fit on validation's answers, which it has trained on: they are fit on
+  cross-fitted ones instead, each block of validation answered by trees refit without it
+  (:meth:`RoutineData.refit`).
 
 Both answer with log-probabilities over the known places, calibrated on validation (:class:`Calibration`):
 the candidates share ``1 - fallback_mass`` by a softmax of their scores over a temperature, every other
@@ -78,6 +81,7 @@ RANKER_PARAMS: dict[str, Any] = {
 ROUTINE_KINDS = ("routine", "ranker", "ranker_refit")
 RANKER_MAX_TREES = 2000
 RANKER_PATIENCE = 100
+REFIT_FOLDS = 5  # ranker_refit: validation's blocks, each answered by trees refit without it
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,19 @@ class CandidateSet:
             np.concatenate([self.features, other.features]),
             np.concatenate([self.explore, other.explore]),
             self.n + other.n,
+        )
+
+    def select(self, keep: np.ndarray) -> CandidateSet:
+        """The questions where ``keep`` ``(N,)`` is True, renumbered in order, with their candidates' rows in order."""
+        keep = np.asarray(keep, dtype=bool)
+        rows = keep[self.query]
+        renumber = np.cumsum(keep) - 1
+        return CandidateSet(
+            renumber[self.query[rows]],
+            self.place[rows],
+            self.features[rows],
+            self.explore[keep],
+            int(keep.sum()),
         )
 
     def ranking_rows(self, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -365,10 +382,29 @@ class RoutineData:
         model.calibration = Calibration.fit(val, model.scores(val), val_target, self.popularity)
         return model
 
-    def refit(self, ranker: RoutineRanker) -> RoutineRanker:
-        """``ranker`` (fit on train, chosen on val) with its trees refit on the train and val questions."""
-        questions = self.candidates["train"].concat(self.candidates["val"])
-        return ranker.refit(questions, np.concatenate([self.targets["train"], self.targets["val"]]))
+    def refit(self, ranker: RoutineRanker, folds: int = REFIT_FOLDS) -> tuple[RoutineRanker, np.ndarray]:
+        """``ranker`` (fit on train, chosen on val) with its trees refit on the train and val questions.
+
+        Its calibration is fit on validation's cross-fitted scores: validation's questions are cut into
+        ``folds`` blocks in split order (users whole, mostly), and each block is scored by trees refit on
+        train and the other blocks; those answers are what the new-place head is fit on too.
+
+        Returns:
+            The refit, and ``(R,)`` validation's cross-fitted candidate scores.
+        """
+        train, val = self.candidates["train"], self.candidates["val"]
+        train_target, val_target = self.targets["train"], self.targets["val"]
+        block = np.arange(val.n) * folds // max(val.n, 1)
+        scores = np.zeros(len(val.query))
+        for k in range(folds):
+            held = block == k
+            trees = ranker.refit(
+                train.concat(val.select(~held)), np.concatenate([train_target, val_target[~held]])
+            )
+            scores[held[val.query]] = trees.scores(val.select(held))
+        refit = ranker.refit(train.concat(val), np.concatenate([train_target, val_target]))
+        refit.calibration = Calibration.fit(val, scores, val_target, self.popularity)
+        return refit, scores
 
     def log_probabilities(self, model: CandidateScorer, split: str) -> np.ndarray:
         """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order."""

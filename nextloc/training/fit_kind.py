@@ -26,7 +26,7 @@ from nextloc.models import build_model, count_parameters, model_settings, regist
 from nextloc.models.baselines import BaselineModule
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
-from nextloc.routine.ranking import RoutineData
+from nextloc.routine.ranking import RoutineData, log_probabilities
 from nextloc.training.data import SampleTensors
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
@@ -207,21 +207,27 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         PreprocessConfig.model_validate(meta["config"]).timezone,
     )
     selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
-    model = data.refit(selection) if kind == "ranker_refit" else selection
+    model, head_val = selection, data.log_probabilities(selection, "val")
+    if kind == "ranker_refit":  # its head reads validation's cross-fitted answers (RoutineData.refit)
+        model, val_cross_fit = data.refit(selection)
+        head_val = log_probabilities(
+            data.candidates["val"], val_cross_fit, data.popularity, model.calibration
+        )
 
-    def rows_of(scorer, split: str):
-        answers = torch.from_numpy(data.log_probabilities(scorer, split))
-        return lambda batch: answers[batch.index.cpu()].to(batch.loc.device)
+    def rows_of(answers: np.ndarray):
+        answers_t = torch.from_numpy(answers)
+        return lambda batch: answers_t[batch.index.cpu()].to(batch.loc.device)
 
     # validation is the selection's (a refit has trained on it), test the model's
-    val_scores, test_scores = rows_of(selection, "val"), rows_of(model, "test")
+    val_scores = rows_of(data.log_probabilities(selection, "val"))
+    test_scores = rows_of(data.log_probabilities(model, "test"))
     params = {f"{kind}.weight.{k}": v for k, v in getattr(model, "weights", {}).items()}
     if kind in ("ranker", "ranker_refit"):
         params.update({f"{kind}.seed": seed, f"{kind}.trees": model.best_iteration})
     scorers = Scorers(
         val_scores=val_scores,
         test_scores=test_scores,
-        head_val_scores=val_scores,
+        head_val_scores=rows_of(head_val),
         explore=(data.candidates["val"].explore, data.candidates["test"].explore),
         joint=True,
     )

@@ -174,3 +174,20 @@ def test_the_refit_keeps_the_rankers_choices_and_learns_from_both_splits() -> No
     again = ranker.refit(both, np.concatenate([train_target, val_target]))
     assert again.state() == refit.state()  # deterministic
     np.testing.assert_array_equal(RoutineRanker.from_state(refit.state()).scores(val), refit.scores(val))
+
+
+def test_a_selection_of_questions_keeps_their_candidates_in_order() -> None:
+    rng = np.random.default_rng(3)
+    candidates, target = candidate_set(rng, 6, per_query=3)
+    keep = np.array([True, False, True, True, False, False])
+    part = candidates.select(keep)
+    assert part.n == 3
+    np.testing.assert_array_equal(part.query, np.repeat([0, 1, 2], 3))
+    rows = keep[candidates.query]
+    np.testing.assert_array_equal(part.features, candidates.features[rows])
+    np.testing.assert_array_equal(part.place, candidates.place[rows])
+    assert candidate_mrr(part, part.column("share_slot"), target[keep]) == 100.0
+    rest = candidates.select(~keep)
+    both = part.concat(rest)
+    assert both.n == candidates.n
+    assert len(both.query) == len(candidates.query)
