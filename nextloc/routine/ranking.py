@@ -8,7 +8,7 @@
   number of trees chosen on validation (early stopping).
 * ``ranker_refit``: the ``ranker``'s number of trees with the trees refit on the train and validation
   questions: what a team deploys, outside the reference data budget (it trains on validation), never a
-  headline; its validation metrics are those of the ``ranker`` it was chosen with. Its calibration (and its
+  headline; its validation place metrics are those of the ``ranker`` it was chosen with. Its calibration (and its
   new-place head) cannot be fit on validation's answers, which it has trained on: they are fit on
   cross-fitted ones instead, each block of validation answered by trees refit without it
   (:meth:`RoutineData.refit`).
