@@ -11,6 +11,9 @@ layer last ticked). A layer holds:
   ``#rank``, a popup each with the rank, probability, visits in the training data and the centre;
 * **the actual next place**, when known (a test sample: a champion's maps in MLflow), a green circle.
 
+Where labels would cover each other the page hides some (:func:`nextloc.maps.web.add_label`): the ranks
+are kept first, in rank order, then the actual next place, then the visits, latest first.
+
 The legend gives each history's P(new place) and, with ``--coverage``, its answer set. The page is built by :mod:`nextloc.maps.web` (Leaflet
 inlined, OpenStreetMap tiles when online). What each layer holds is returned (:class:`WebMap`), so a
 test compares it with what a browser shows.
@@ -209,7 +212,7 @@ def _spots(history: pd.DataFrame) -> list[_Spot]:
 def _add_spot(group: Any, spot: _Spot, n_visits: int) -> None:
     import folium
 
-    from nextloc.maps.web import add_popup
+    from nextloc.maps.web import VISIT_LABEL, add_label, add_popup
 
     latest = spot.numbers[-1] == n_visits
     colour = NEW_VISIT if spot.new else VISIT
@@ -223,9 +226,7 @@ def _add_spot(group: Any, spot: _Spot, n_visits: int) -> None:
         fill_opacity=0.85,
     ).add_to(group)
     label = visit_label(spot.numbers) + (" (latest)" if latest else "")
-    marker.add_child(
-        folium.Tooltip(escape(label), permanent=True, direction="right", class_name="nextloc-label")
-    )
+    add_label(marker, escape(label), "right", VISIT_LABEL, -spot.numbers[-1])  # the latest first
     lines = [f"<b>visit {escape(', '.join(map(str, spot.numbers)))}</b> of {n_visits}"]
     for number, place, time in zip(spot.numbers, spot.places, spot.times, strict=True):
         where = "a place the model never saw" if place == UNSEEN else (f"place {place}" if place >= 0 else "")
@@ -237,7 +238,7 @@ def _add_spot(group: Any, spot: _Spot, n_visits: int) -> None:
 def _add_place(group: Any, place: Mapping[str, Any]) -> None:
     import folium
 
-    from nextloc.maps.web import add_popup
+    from nextloc.maps.web import RANK_LABEL, add_label, add_popup
 
     probability = float(place["probability"])
     marker = folium.CircleMarker(
@@ -250,9 +251,7 @@ def _add_place(group: Any, place: Mapping[str, Any]) -> None:
         fill_opacity=0.4,
     ).add_to(group)
     rank = int(place["rank"])
-    marker.add_child(
-        folium.Tooltip(f"#{rank}", permanent=True, direction="bottom", class_name="nextloc-label")
-    )
+    add_label(marker, f"#{rank}", "bottom", RANK_LABEL, rank)
     visits = place.get("n_visits")
     lines = [
         f"<b>#{rank}</b> place {escape(str(place.get('location_id', '?')))}",
@@ -266,7 +265,7 @@ def _add_place(group: Any, place: Mapping[str, Any]) -> None:
 def _add_actual(group: Any, actual: tuple[float, float]) -> None:
     import folium
 
-    from nextloc.maps.web import add_popup
+    from nextloc.maps.web import ACTUAL_LABEL, add_label, add_popup
 
     marker = folium.CircleMarker(
         [float(actual[0]), float(actual[1])],
@@ -277,9 +276,7 @@ def _add_actual(group: Any, actual: tuple[float, float]) -> None:
         fill_color=ACTUAL,
         fill_opacity=0.9,
     ).add_to(group)
-    marker.add_child(
-        folium.Tooltip("actual next place", permanent=True, direction="left", class_name="nextloc-label")
-    )
+    add_label(marker, "actual next place", "left", ACTUAL_LABEL)
     add_popup(marker, f"<b>where the user really went next</b><br>at {actual[0]:.5f}, {actual[1]:.5f}")
 
 

@@ -20,6 +20,15 @@ Decisions:
   HTML map never imports it.
 * **Reproducible pages**: folium names every element with a random id; :func:`write_page` renumbers them
   in tree order, so the same inputs write the same bytes. Files are written atomically.
+* **Labels never cover each other** (:func:`add_label`, :data:`LABEL_SCRIPT`): a permanent label is a
+  Leaflet tooltip that Leaflet draws where it is told, over any other. Every page carries a small script
+  that, once the page's script has run and after every zoom, move, resize and layer added or removed,
+  keeps the labels in a fixed order (the ranks ``#1..#k``, then the actual next place, then the visits
+  latest first: :data:`RANK_LABEL`, :data:`ACTUAL_LABEL`, :data:`VISIT_LABEL`) and hides each one that
+  would come within 2 pixels of a label kept before it (the PNG maps' gap); zooming in shows it again.
+  Which labels show depends on the labels' relative positions only, so on the zoom, never on the pan or
+  on what was shown before. A hidden label shows while the pointer is on its circle, and its text is in
+  the circle's popup too.
 """
 
 from __future__ import annotations
@@ -40,8 +49,13 @@ from nextloc.atomic import write_text_atomic
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ACTUAL_LABEL",
     "DEBIAN_LEAFLET_DIR",
+    "LABEL_SCRIPT",
+    "RANK_LABEL",
+    "VISIT_LABEL",
     "Point",
+    "add_label",
     "add_legend",
     "add_popup",
     "asset_dir",
@@ -55,8 +69,15 @@ __all__ = [
 DEBIAN_LEAFLET_DIR = Path("/usr/share/javascript/leaflet")
 LEAFLET_DIR_ENV = "NEXTLOC_LEAFLET_DIR"
 TILE_URL = "https://tile.openstreetmap.org/{z}/{x}/{y}.png"
-# the permanent labels (visit numbers, ranks): smaller than Leaflet's tooltips
-LABEL_CSS = ".nextloc-label {padding: 0 3px; font: 11px/1.3 sans-serif; box-shadow: none; opacity: 0.85}"
+# the permanent labels (visit numbers, ranks): smaller than Leaflet's tooltips; hidden where they would cover
+# one another (LABEL_SCRIPT), shown on top while the pointer is on their circle
+LABEL_CSS = (
+    ".nextloc-label {padding: 0 3px; font: 11px/1.3 sans-serif; box-shadow: none; opacity: 0.85}\n"
+    ".nextloc-label-hidden {visibility: hidden}\n"
+    ".nextloc-label.nextloc-label-hover {visibility: visible; z-index: 1000}"
+)
+# the tiers of add_label, kept first to last where labels would cover each other
+RANK_LABEL, ACTUAL_LABEL, VISIT_LABEL = 0, 1, 2
 TILE_ATTRIBUTION = '&copy; <a href="https://www.openstreetmap.org/copyright">OpenStreetMap</a> contributors'
 
 
@@ -82,6 +103,76 @@ CLUSTER_CSS = (
     Asset(("MarkerCluster.css",), "libjs-leaflet.markercluster"),
     Asset(("MarkerCluster.Default.css",), "libjs-leaflet.markercluster"),
 )
+
+#: the labels' script (see the module docstring), inlined after Leaflet's: a hook on every ``L.Map`` that,
+#: once the page's own script has run and after each view or layer change, hides (the class
+#: ``nextloc-label-hidden``) every permanent ``nextloc-label`` tooltip that would come within ``GAP`` pixels
+#: of one kept before it, in the order (tier, order, the marker made first) :func:`add_label` gave (not
+#: while a zoom is animated: its boxes are scaled; its ``zoomend`` comes after); then ``map.nextlocLabels``
+#: holds ``{runs, zoom, shown, hidden}`` and the map fires ``nextloclabels`` with it
+LABEL_SCRIPT = """
+(function () {
+    "use strict";
+    var GAP = 2;
+    function labels(map) {
+        var found = [];
+        map.eachLayer(function (layer) {
+            var options = layer.options || {};
+            if (!(layer instanceof L.Tooltip) || !options.permanent || !layer._source) { return; }
+            if (!/(^|\\s)nextloc-label(\\s|$)/.test(options.className || "")) { return; }
+            var element = layer.getElement();
+            if (element) {
+                found.push({tier: +options.nextlocTier || 0, order: +options.nextlocOrder || 0,
+                    id: L.stamp(layer._source), source: layer._source, element: element});
+            }
+        });
+        return found.sort(function (a, b) { return a.tier - b.tier || a.order - b.order || a.id - b.id; });
+    }
+    function apart(a, b) {
+        return a.right + GAP <= b.left || b.right + GAP <= a.left
+            || a.bottom + GAP <= b.top || b.bottom + GAP <= a.top;
+    }
+    function hoverable(label) {
+        if (label.source._nextlocHover) { return; }
+        label.source._nextlocHover = true;
+        label.source.on("mouseover", function () {
+            L.DomUtil.addClass(label.element, "nextloc-label-hover");
+        });
+        label.source.on("mouseout", function () {
+            L.DomUtil.removeClass(label.element, "nextloc-label-hover");
+        });
+    }
+    function declutter(map) {
+        var found = labels(map), kept = [];
+        found.forEach(function (label) { label.box = label.element.getBoundingClientRect(); });
+        found.forEach(function (label) {
+            label.hidden = !kept.every(function (box) { return apart(label.box, box); });
+            if (!label.hidden) { kept.push(label.box); }
+        });
+        found.forEach(function (label) {
+            if (label.hidden) { L.DomUtil.addClass(label.element, "nextloc-label-hidden"); }
+            else { L.DomUtil.removeClass(label.element, "nextloc-label-hidden"); }
+            hoverable(label);
+        });
+        var runs = map.nextlocLabels ? map.nextlocLabels.runs + 1 : 1;
+        map.nextlocLabels = {runs: runs, zoom: map.getZoom(), shown: kept.length, hidden: found.length - kept.length};
+        map.fire("nextloclabels", map.nextlocLabels);
+    }
+    L.Map.addInitHook(function () {
+        var map = this, pending = null;
+        function later() {
+            if (pending === null) {
+                pending = setTimeout(function () {
+                    pending = null;
+                    if (map._loaded && !map._animatingZoom) { declutter(map); }  // zoomend follows
+                }, 0);
+            }
+        }
+        map.on("zoomend moveend resize viewreset layeradd layerremove", later);
+        later();
+    });
+})();
+"""
 
 _SOURCE_MAP = re.compile(r"^\s*(//|/\*)# sourceMappingURL=.*$", re.M)
 _CSS_URL = re.compile(r"url\(\s*['\"]?(?!data:|#)([^)'\"]+?)['\"]?\s*\)")
@@ -125,13 +216,13 @@ def _css(asset: Asset) -> str:
 
 def inline_assets(cluster: bool = False) -> str:
     """The ``<style>`` and ``<script>`` elements a page's head needs: Leaflet's, and with ``cluster``
-    Leaflet.markercluster's (read from :func:`asset_dir`).
+    Leaflet.markercluster's (read from :func:`asset_dir`), then the labels' (:data:`LABEL_SCRIPT`).
 
     Raises:
         FileNotFoundError: a file is missing (the message names the Debian package that installs it).
     """
     styles = [_css(LEAFLET_CSS), *(_css(a) for a in CLUSTER_CSS if cluster)]
-    scripts = [_read(LEAFLET_JS), *([_read(CLUSTER_JS)] if cluster else [])]
+    scripts = [_read(LEAFLET_JS), *([_read(CLUSTER_JS)] if cluster else []), LABEL_SCRIPT]
     # "</script" inside a script would end it early; the files have none, but a check costs nothing
     for text in scripts:
         if "</script" in text.lower():
@@ -214,6 +305,19 @@ def add_popup(layer: Any, html: str, max_width: int = 320) -> None:
     )
     popup.html, popup.width = html, int(max_width)
     layer.add_child(popup)
+
+
+def add_label(marker: Any, text: str, direction: str, tier: int, order: float = 0) -> None:
+    """A permanent label ``text`` (already escaped) ``direction`` of ``marker`` (Leaflet's tooltip
+    directions: ``right``, ``bottom``, ...). Where labels would cover each other (:data:`LABEL_SCRIPT`), a
+    lower ``tier`` (:data:`RANK_LABEL`, :data:`ACTUAL_LABEL`, :data:`VISIT_LABEL`) is kept first, then in
+    one tier a lower ``order``, then the marker made first."""
+    import folium
+
+    options = {"nextloc_tier": int(tier), "nextloc_order": order}
+    marker.add_child(
+        folium.Tooltip(text, permanent=True, direction=direction, class_name="nextloc-label", **options)
+    )
 
 
 def add_legend(fmap: Any, html: str, position: str = "bottomleft") -> None:

@@ -92,6 +92,28 @@ def test_the_actual_next_place_is_a_circle_of_its_layer(leaflet, tmp_path, web_a
     assert json.loads(bounds)[1][0] == pytest.approx(actual[0])  # the view frames it: its north edge
 
 
+def test_labels_carry_their_order_and_the_page_the_script_that_hides_crowded_ones(
+    leaflet, tmp_path, web_answer
+):
+    """Where labels would cover each other the browser keeps the ranks first (in rank order), then the
+    actual next place, then the visits latest first (tests/browser/test_webmap_pages.py shows it)."""
+    from nextloc.maps.answers import answers_page
+
+    history, answer = web_answer
+    page = answers_page([(history, answer)], tmp_path / "a.html", [(40.01, 116.3)])
+    html = page.path.read_text()
+    head = html.split("</head>")[0]
+    assert head.count("L.Map.addInitHook") == 1
+    assert head.index("L.Map.addInitHook") > head.index(webmaps._read(webmaps.LEAFLET_JS)[-200:])
+    found = re.findall(r"bindTooltip\(\s*`[^`]*`,\s*(\{[^}]*\})", html)
+    options = [json.loads(re.sub(r",\s*}$", "}", o)) for o in found]  # folium's object ends with a comma
+    options = [(o["nextlocTier"], o["nextlocOrder"], o["direction"]) for o in options]
+    ranks = [(webmaps.RANK_LABEL, 1, "bottom"), (webmaps.RANK_LABEL, 2, "bottom")]
+    actual = [(webmaps.ACTUAL_LABEL, 0, "left")]
+    visits = [(webmaps.VISIT_LABEL, -order, "right") for order in (4, 2, 3)]  # spots by first visit
+    assert options == ranks + actual + visits
+
+
 def test_nothing_to_draw_is_an_error(leaflet, tmp_path, web_answer):
     from nextloc.maps.answers import answers_page
 
