@@ -162,3 +162,124 @@ def test_a_large_dataset_is_clustered_and_loads_quickly(offline_browser, tmp_pat
     assert shown["clustered"] == page.layers[0].markers > 7000
     assert shown["circles"] == shown["popups"] == page.markers
     assert shown["load_s"] < 20
+
+
+# the permanent labels: each one's text, whether it shows and its box on the screen, once the labels' script
+# has run at the map's zoom (map.nextlocLabels; null before: the first zoom is animated)
+LABELS = """
+const map = Object.values(window).find(v => v instanceof L.Map);
+if (!map.nextlocLabels || map._animatingZoom || map.nextlocLabels.zoom !== map.getZoom()) return null;
+return {zoom: map.getZoom(), maxZoom: map.getMaxZoom(), labels: [...document.querySelectorAll('.nextloc-label')].map(e => {
+    const r = e.getBoundingClientRect();
+    return {text: e.textContent.trim(), shown: getComputedStyle(e).visibility !== 'hidden', box: [r.left, r.top, r.right, r.bottom]};
+})};
+"""
+# zoom to arguments[0] (no animation) on the middle of the answer's layer; done once the labels' script ran
+ZOOM = """
+const [zoom, done] = arguments;
+const map = Object.values(window).find(v => v instanceof L.Map);
+let middle = map.getCenter();
+map.eachLayer(l => { if (l instanceof L.FeatureGroup && l.getBounds().isValid()) middle = l.getBounds().getCenter(); });
+map.once('nextloclabels', () => done(true));
+map.setView(middle, zoom, {animate: false});
+"""
+# the pointer on, then off the circle of the label arguments[0]: is the label shown before, on and after,
+# and the circle's popup
+HOVER = """
+const map = Object.values(window).find(v => v instanceof L.Map);
+let tip = null;
+map.eachLayer(l => { if (l instanceof L.Tooltip && l.getElement().textContent.trim() === arguments[0]) tip = l; });
+const shown = () => getComputedStyle(tip.getElement()).visibility !== 'hidden';
+const before = shown();
+tip._source.fire('mouseover');
+const over = shown();
+tip._source.fire('mouseout');
+return {shown: [before, over, shown()], popup: tip._source.getPopup().getContent()};
+"""
+
+
+def crowded_answer():
+    """A history of ten visits at eight spots 6 m apart, five predicted places and the actual next place
+    among them: at the page's first zoom their labels would pile up."""
+    import pandas as pd
+
+    metre = 1 / 111_320  # degrees of latitude
+    spot = [0, 1, 2, 3, 0, 4, 5, 6, 7, 3]
+    history = pd.DataFrame(
+        {
+            "started_at": pd.date_range("2008-10-01 08:00", periods=len(spot), freq="3h", tz="UTC"),
+            "place": [10 + s for s in spot],
+            "latitude": [39.98 + 6 * s * metre for s in spot],
+            "longitude": [116.30 + 2 * s * metre for s in spot],
+        }
+    )
+    places = [
+        {
+            "rank": rank,
+            "location_id": 10 + 2 * rank,
+            "latitude": 39.98 + (12 * rank + 3) * metre,
+            "longitude": 116.30 + 4 * rank * metre,
+            "n_visits": 5,
+            "probability": p,
+        }
+        for rank, p in enumerate([0.4, 0.2, 0.1, 0.05, 0.05], start=1)
+    ]
+    answer = {"user_id": 11, "p_new_place": 0.1, "places": places}
+    return history, answer, (39.98 + 20 * metre, 116.30 + 3 * metre)
+
+
+def wait_labels(driver, timeout_s: float = 10) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (state := driver.execute_script(LABELS)) is None:
+        assert time.monotonic() < deadline, "the labels' script never ran"
+        time.sleep(0.05)
+    return state
+
+
+def overlaps(labels: list[dict]) -> list[tuple[str, str]]:
+    """The pairs of shown labels whose boxes intersect."""
+    from nextloc.maps.labels import boxes_overlap
+
+    shown = [label for label in labels if label["shown"]]
+    return [
+        (a["text"], b["text"])
+        for i, a in enumerate(shown)
+        for b in shown[i + 1 :]
+        if boxes_overlap(a["box"], b["box"])
+    ]
+
+
+def test_labels_never_cover_each_other_and_show_again_zoomed_in(offline_browser, screenshot, tmp_path):
+    """Labels a few metres apart: at the first zoom only those that fit show (#1 among them), none over
+    another; zoomed in to the most, more show, still none over another; zoomed back out, the same ones as
+    at first. A hidden label shows while the pointer is on its circle, and its text is in the popup."""
+    from nextloc.maps.answers import answers_page
+
+    history, answer, actual = crowded_answer()
+    page = answers_page([(history, answer)], tmp_path / "crowded.html", actuals=[actual])
+    assert_offline(open_page(offline_browser, page.path))
+    first = wait_labels(offline_browser)
+    shown = [label["text"] for label in first["labels"] if label["shown"]]
+    assert len(first["labels"]) == 8 + 5 + 1
+    assert "#1" in shown
+    assert 0 < len(shown) < len(first["labels"])  # the crowd: some are hidden
+    assert overlaps(first["labels"]) == []
+    screenshot(offline_browser, "webmap-labels-first-zoom")
+
+    hover = offline_browser.execute_script(HOVER, "4,10 (latest)")  # a visit label: kept after the ranks
+    assert hover["shown"] == [False, True, False]
+    assert "<b>visit 4, 10</b> of 10" in hover["popup"]
+
+    assert first["maxZoom"] > first["zoom"]
+    offline_browser.execute_async_script(ZOOM, first["maxZoom"])
+    zoomed = wait_labels(offline_browser)
+    assert zoomed["zoom"] == first["maxZoom"]
+    assert sum(label["shown"] for label in zoomed["labels"]) > len(shown)
+    assert overlaps(zoomed["labels"]) == []
+    screenshot(offline_browser, "webmap-labels-max-zoom")
+
+    offline_browser.execute_async_script(ZOOM, first["zoom"])
+    again = wait_labels(offline_browser)
+    assert [label["text"] for label in again["labels"] if label["shown"]] == shown
+    errors = [entry for entry in offline_browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert not [e for e in errors if TILE_HOST not in e["message"]]
