@@ -191,6 +191,7 @@ def champion_maps(
         bundle.preprocess.samples.previous_days,
     )
     logged = []
+    tiles = "env"  # after a map that got no basemap (offline: one warning), the others do not ask again
     with tempfile.TemporaryDirectory() as tmp:
         for question in questions:
             try:
@@ -201,7 +202,8 @@ def champion_maps(
             (answer,) = predict(bundle, histories, k)
             history = history_visits(histories, 0, bundle.locations)
             png, page = Path(tmp) / f"{question.user_id}.png", Path(tmp) / f"{question.user_id}.html"
-            draw_answer(history, answer, png, question.actual)
+            if not draw_answer(history, answer, png, question.actual, tiles).panels[0].basemap:
+                tiles = None
             drawn = [png]
             try:
                 drawn.append(answers_page([(history, answer)], page, [question.actual]).path)

@@ -548,6 +548,26 @@ def test_each_champion_has_maps_of_three_test_users(store, tmp_path):
         assert any("the actual next place" in html for html in pages.values()), kind
 
 
+def test_maps_without_tiles_warn_once(store, tmp_path, monkeypatch, caplog):
+    """Offline (here: a tile server that refuses connections), a champion's maps are drawn on plain axes
+    after one warning, not one per map: the first map that gets no basemap stops the others asking."""
+    import logging
+
+    from tasks import tracking
+    from tasks.evaluate import champion_maps
+    from tasks.versions import champion_holder
+
+    data_dir, uri = store
+    monkeypatch.setenv("NEXTLOC_MAP_TILES", f"http://127.0.0.1:{_free_port()}/{{z}}/{{x}}/{{y}}.png")
+    monkeypatch.setenv("NEXTLOC_TILE_CACHE", str(tmp_path / "tiles"))
+    tracking.configure(uri, "test")
+    holder = champion_holder("markov")
+    with caplog.at_level(logging.WARNING, logger="nextloc.maps.tiles"):
+        logged = champion_maps("markov", holder.version, holder.run_id, data_dir, uri, "test")
+    assert len([name for name in logged if name.endswith(".png")]) == 3
+    assert len([r for r in caplog.records if "no basemap" in r.getMessage()]) == 1
+
+
 def test_nextloc_serve_answers_without_the_venv_on_path(store, two_histories, tmp_path):
     """`nextloc serve` with PATH stripped of the venv (where `mlflow models serve` alone exits 127: it starts
     uvicorn by name): it waits for the server, prints the URL and a curl line, answers as `nextloc predict`,
