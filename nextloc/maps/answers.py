@@ -209,49 +209,49 @@ def _spots(history: pd.DataFrame) -> list[_Spot]:
     return list(spots.values())
 
 
-def _add_spot(group: Any, spot: _Spot, n_visits: int) -> None:
+def _add_circle(
+    group: Any, at: tuple[float, float], label: tuple[Any, ...], popup: str, **style: Any
+) -> None:
+    """A filled circle at ``at`` (``(lat, lon)``) drawn with ``style`` (folium's ``CircleMarker`` options), its
+    permanent label (:func:`nextloc.maps.web.add_label`'s text, direction, tier and order) and its popup."""
     import folium
 
-    from nextloc.maps.web import VISIT_LABEL, add_label, add_popup
+    from nextloc.maps.web import add_label, add_popup
+
+    marker = folium.CircleMarker(list(at), fill=True, **style).add_to(group)
+    add_label(marker, *label)
+    add_popup(marker, popup)
+
+
+def _add_spot(group: Any, spot: _Spot, n_visits: int) -> None:
+    from nextloc.maps.web import VISIT_LABEL
 
     latest = spot.numbers[-1] == n_visits
     colour = NEW_VISIT if spot.new else VISIT
-    marker = folium.CircleMarker(
-        [spot.latitude, spot.longitude],
-        radius=6,
-        color=LATEST if latest else colour,
-        weight=4 if latest else 1.5,
-        fill=True,
-        fill_color=colour,
-        fill_opacity=0.85,
-    ).add_to(group)
     label = visit_label(spot.numbers) + (" (latest)" if latest else "")
-    add_label(marker, escape(label), "right", VISIT_LABEL, -spot.numbers[-1])  # the latest first
     lines = [f"<b>visit {escape(', '.join(map(str, spot.numbers)))}</b> of {n_visits}"]
     for number, place, time in zip(spot.numbers, spot.places, spot.times, strict=True):
         where = "a place the model never saw" if place == UNSEEN else (f"place {place}" if place >= 0 else "")
         lines.append(f"#{number}: {escape(time)} {escape(where)}".rstrip())
     lines.append(f"at {spot.latitude:.5f}, {spot.longitude:.5f}")
-    add_popup(marker, "<br>".join(lines))
+    _add_circle(
+        group,
+        (spot.latitude, spot.longitude),
+        (escape(label), "right", VISIT_LABEL, -spot.numbers[-1]),  # the latest first
+        "<br>".join(lines),
+        radius=6,
+        color=LATEST if latest else colour,
+        weight=4 if latest else 1.5,
+        fill_color=colour,
+        fill_opacity=0.85,
+    )
 
 
 def _add_place(group: Any, place: Mapping[str, Any]) -> None:
-    import folium
-
-    from nextloc.maps.web import RANK_LABEL, add_label, add_popup
+    from nextloc.maps.web import RANK_LABEL
 
     probability = float(place["probability"])
-    marker = folium.CircleMarker(
-        [float(place["latitude"]), float(place["longitude"])],
-        radius=8 + 30 * math.sqrt(max(probability, 0.0)),  # area grows with the probability
-        color="#c05800",
-        weight=1.5,
-        fill=True,
-        fill_color=PLACE,
-        fill_opacity=0.4,
-    ).add_to(group)
     rank = int(place["rank"])
-    add_label(marker, f"#{rank}", "bottom", RANK_LABEL, rank)
     visits = place.get("n_visits")
     lines = [
         f"<b>#{rank}</b> place {escape(str(place.get('location_id', '?')))}",
@@ -259,25 +259,33 @@ def _add_place(group: Any, place: Mapping[str, Any]) -> None:
         f"visits in training {'?' if visits is None else int(visits)}",
         f"centre {float(place['latitude']):.5f}, {float(place['longitude']):.5f}",
     ]
-    add_popup(marker, "<br>".join(lines))
+    _add_circle(
+        group,
+        (float(place["latitude"]), float(place["longitude"])),
+        (f"#{rank}", "bottom", RANK_LABEL, rank),
+        "<br>".join(lines),
+        radius=8 + 30 * math.sqrt(max(probability, 0.0)),  # area grows with the probability
+        color="#c05800",
+        weight=1.5,
+        fill_color=PLACE,
+        fill_opacity=0.4,
+    )
 
 
 def _add_actual(group: Any, actual: tuple[float, float]) -> None:
-    import folium
+    from nextloc.maps.web import ACTUAL_LABEL
 
-    from nextloc.maps.web import ACTUAL_LABEL, add_label, add_popup
-
-    marker = folium.CircleMarker(
-        [float(actual[0]), float(actual[1])],
+    _add_circle(
+        group,
+        (float(actual[0]), float(actual[1])),
+        ("actual next place", "left", ACTUAL_LABEL),
+        f"<b>where the user really went next</b><br>at {actual[0]:.5f}, {actual[1]:.5f}",
         radius=7,
         color="#145214",
         weight=2,
-        fill=True,
         fill_color=ACTUAL,
         fill_opacity=0.9,
-    ).add_to(group)
-    add_label(marker, "actual next place", "left", ACTUAL_LABEL)
-    add_popup(marker, f"<b>where the user really went next</b><br>at {actual[0]:.5f}, {actual[1]:.5f}")
+    )
 
 
 def _layer_name(answer: Mapping[str, Any], n_visits: int) -> str:
