@@ -207,7 +207,8 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         PreprocessConfig.model_validate(meta["config"]).timezone,
     )
     selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
-    model, head_val = selection, data.log_probabilities(selection, "val")
+    val_answers = data.log_probabilities(selection, "val")
+    model, head_val = selection, val_answers
     if kind == "ranker_refit":  # its head reads validation's cross-fitted answers (RoutineData.refit)
         model, val_cross_fit = data.refit(selection)
         head_val = log_probabilities(
@@ -219,7 +220,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         return lambda batch: answers_t[batch.index.cpu()].to(batch.loc.device)
 
     # validation is the selection's (a refit has trained on it), test the model's
-    val_scores = rows_of(data.log_probabilities(selection, "val"))
+    val_scores = rows_of(val_answers)
     test_scores = rows_of(data.log_probabilities(model, "test"))
     params = {f"{kind}.weight.{k}": v for k, v in getattr(model, "weights", {}).items()}
     if kind in ("ranker", "ranker_refit"):
