@@ -29,13 +29,11 @@ from nextloc.config import PreprocessConfig
 from nextloc.evaluation.evaluate import model_scores
 from nextloc.models import build_model
 from nextloc.models.registry import training_recipe
-from nextloc.routine.features import CANDIDATE_FEATURES
-from nextloc.routine.ranking import RANKER_MAX_TREES, RANKER_PARAMS, CandidateSet, RoutineData, candidate_mrr
+from nextloc.routine.ranking import CandidateSet, RoutineData, RoutineRanker, candidate_mrr
 from nextloc.training.data import SampleTensors
 from nextloc.training.train import fit_model
 
 NETWORK = "pointer_plus"
-NETWORK_FEATURES = ("nn_log_p", "nn_log_rank", "nn_candidate_share")
 
 
 def time_blocks(user: np.ndarray, folds: int) -> np.ndarray:
@@ -65,7 +63,7 @@ def network_log_probs(fit_on: SampleTensors, splits: dict, meta: dict, seed: int
 
 
 def with_network(candidates: CandidateSet, log_p: np.ndarray) -> CandidateSet:
-    """The candidates with :data:`NETWORK_FEATURES` appended."""
+    """The candidates with the network's log-probability, log rank and candidate share appended."""
     q, place = candidates.query, candidates.place
     lp = log_p[q, place]
     rank = (log_p[q] > lp[:, None]).sum(axis=1)
@@ -78,30 +76,16 @@ def with_network(candidates: CandidateSet, log_p: np.ndarray) -> CandidateSet:
 
 
 def ranker_on_val(train: CandidateSet, train_target, val: CandidateSet, val_target, seed: int) -> dict:
-    """The ranker's LambdaRank on these features: trees, val place Acc@1 (top candidate) and candidate MRR."""
-    import lightgbm
-
-    names = [*CANDIDATE_FEATURES, *NETWORK_FEATURES][: train.features.shape[1]]
-    features, labels, groups = train.ranking_rows(train_target)
-    fit_set = lightgbm.Dataset(features, labels, group=groups, feature_name=names)
-    sizes = np.bincount(val.query, minlength=val.n)
-    val_set = lightgbm.Dataset(
-        val.features, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
-    )
-    booster = lightgbm.train(
-        {**RANKER_PARAMS, "seed": seed},
-        fit_set,
-        RANKER_MAX_TREES,
-        valid_sets=[val_set],
-        callbacks=[lightgbm.early_stopping(100, verbose=False)],
-    )
-    scores = booster.predict(val.features, num_iteration=booster.best_iteration)
+    """The ranker (its LambdaRank, trees chosen on val) on these features: trees, val place Acc@1 (top
+    candidate) and candidate MRR."""
+    ranker = RoutineRanker(seed).fit(train, train_target, val, val_target)
+    scores = ranker.scores(val)
     order = np.lexsort((val.place, -scores, val.query))  # ties: the lower place id, as the metrics do
     first = np.unique(val.query[order], return_index=True)[1]
     top = np.zeros(val.n, dtype=np.int64)
     top[val.query[order][first]] = val.place[order][first]
     return {
-        "trees": int(booster.best_iteration),
+        "trees": ranker.best_iteration,
         "val_place_acc@1": round(100 * float((top == val_target).mean()), 2),
         "val_candidate_mrr": round(candidate_mrr(val, scores, val_target), 2),
     }

@@ -240,8 +240,7 @@ class RoutineRanker:
         validation has not improved for ``RANKER_PATIENCE``."""
         import lightgbm
 
-        features, labels, groups = train.ranking_rows(train_target)
-        fit_set = lightgbm.Dataset(features, labels, group=groups, feature_name=list(CANDIDATE_FEATURES))
+        fit_set = _ranking_set(train, train_target)
         sizes = np.bincount(val.query, minlength=val.n)
         val_set = lightgbm.Dataset(
             val.features, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
@@ -261,12 +260,9 @@ class RoutineRanker:
         (train and validation's, for ``ranker_refit``); nothing is chosen on them."""
         import lightgbm
 
-        features, labels, groups = questions.ranking_rows(target)
         refit = RoutineRanker(self.seed, calibration=self.calibration)
         refit.booster = lightgbm.train(
-            {**RANKER_PARAMS, "seed": self.seed},
-            lightgbm.Dataset(features, labels, group=groups, feature_name=list(CANDIDATE_FEATURES)),
-            self.best_iteration,
+            {**RANKER_PARAMS, "seed": self.seed}, _ranking_set(questions, target), self.best_iteration
         )
         return refit
 
@@ -294,6 +290,17 @@ class RoutineRanker:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> RoutineRanker:
         return cls(int(state["seed"]), str(state["model"]), Calibration.from_state(state.get("calibration")))
+
+
+def _ranking_set(questions: CandidateSet, target: np.ndarray) -> Any:
+    """LightGBM's ranking data of the questions whose target is a candidate (:meth:`CandidateSet.ranking_rows`),
+    its columns named :data:`~nextloc.routine.features.CANDIDATE_FEATURES` (then ``extra_<i>``: a benchmark's
+    added features)."""
+    import lightgbm
+
+    features, labels, groups = questions.ranking_rows(target)
+    extra = [f"extra_{i}" for i in range(features.shape[1] - len(CANDIDATE_FEATURES))]
+    return lightgbm.Dataset(features, labels, group=groups, feature_name=[*CANDIDATE_FEATURES, *extra])
 
 
 def log_probabilities(
