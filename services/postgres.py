@@ -139,6 +139,18 @@ def _connect(server_url: str, timeout_s: float, database: str = "postgres") -> A
             time.sleep(0.5)
 
 
+def _postmaster_ready(data: Path) -> bool:
+    """Whether the server in ``data`` says it is ready (line 8 of ``postmaster.pid``, what ``pg_ctl -w`` reads).
+
+    Asking before that, a connection is refused with a logged ``FATAL:  the database system is starting up``.
+    """
+    try:
+        lines = (data / "postmaster.pid").read_text().splitlines()
+    except OSError:  # not written yet
+        return False
+    return len(lines) >= 8 and lines[7].strip() == "ready"
+
+
 def _wait_postgres(services: Services, timeout_s: float) -> None:
     import psycopg
 
@@ -146,6 +158,9 @@ def _wait_postgres(services: Services, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         if running_pid(services, "postgres") is None:
             raise RuntimeError(f"postgres exited; see {services.log_file('postgres')}")
+        if not _postmaster_ready(services.pg_folder / "data"):
+            time.sleep(0.1)
+            continue
         with contextlib.suppress(psycopg.OperationalError):
             psycopg.connect(
                 urllib.parse.urlunsplit(

@@ -126,6 +126,12 @@ def test_postgres_backs_prefect_and_mlflow(pg_services):
     password = services.password_file.read_text().strip()
     assert len(password) >= 24
     assert (root / ".services" / "pg" / "data" / "PG_VERSION").read_text().strip() == "15"
+    # the start waited for the server's own "ready" (postmaster.pid) before its first connection: no login
+    # refused while it started up in the log (the services' load test counts every FATAL line there)
+    from services.postgres import _postmaster_ready
+
+    assert _postmaster_ready(root / ".services" / "pg" / "data")
+    assert "the database system is starting up" not in services.log_file("postgres").read_text()
 
     # loopback only, no Unix socket
     server = services.server_url()
