@@ -112,23 +112,28 @@ def one_seed(data: RoutineData, splits: dict, meta: dict, seed: int, folds: int)
     return {name: ranker_on_val(t, targets[0], v, targets[1], seed) for name, (t, v) in variants.items()}
 
 
+def routine_data(data_dir: Path) -> tuple[dict, dict[str, SampleTensors], RoutineData]:
+    """A processed dataset's metadata, its train and val samples, and their :class:`RoutineData` (test is
+    not read)."""
+    meta = json.loads((data_dir / "metadata.json").read_text())
+    splits = {s: SampleTensors.from_parquet(data_dir / "samples" / f"{s}.parquet") for s in ("train", "val")}
+    data = RoutineData.build(
+        pd.read_parquet(data_dir / "staypoints.parquet"),
+        pd.read_parquet(data_dir / "vocabulary" / "locations.parquet"),
+        splits,
+        meta["total_loc_num"],
+        PreprocessConfig.model_validate(meta["config"]).timezone,
+    )
+    return meta, splits, data
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=Path("data/geolife"))
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--folds", type=int, default=4)
     args = parser.parse_args()
-    meta = json.loads((args.data_dir / "metadata.json").read_text())
-    splits = {
-        s: SampleTensors.from_parquet(args.data_dir / "samples" / f"{s}.parquet") for s in ("train", "val")
-    }
-    data = RoutineData.build(
-        pd.read_parquet(args.data_dir / "staypoints.parquet"),
-        pd.read_parquet(args.data_dir / "vocabulary" / "locations.parquet"),
-        splits,
-        meta["total_loc_num"],
-        PreprocessConfig.model_validate(meta["config"]).timezone,
-    )
+    meta, splits, data = routine_data(args.data_dir)
     seeds = [int(s) for s in args.seeds.split(",")]
     report = {
         "network": NETWORK,
