@@ -7,7 +7,8 @@ counts every such place as the one encoded place ``1``, so the ranker cannot see
 Here the routine is built over *extended* place ids: a known place keeps its id, each raw place outside the
 vocabulary gets one of its own (``num_places + k``). The ranker (fit on train, trees chosen on validation, as
 the ``ranker`` kind) scores every place the user visited before now, known or not; the new feature is the
-share of its calibrated softmax that goes to the unseen ones (``unseen_return_share``).
+share of its calibrated softmax that goes to the unseen ones (``unseen_return_share``). The head is also
+compared with the squares of its standardised inputs added (a quadratic logistic head), with and without it.
 
 The head is the product's logistic :class:`~nextloc.routine.novelty.NewPlaceHead` over the ranker's
 inputs (:data:`~nextloc.routine.novelty.ROUTINE_FEATURES`), with and without that one column, compared by
@@ -102,9 +103,13 @@ def one_seed(data: RoutineData, val, extended: tuple[Routine, np.ndarray], seed:
     )
     share = unseen_return_share(ranker, *extended, val.table.column("staypoint_id").to_numpy())
     is_new = val.target_np == UNSEEN
+    x = split.features
+    squares = ((x - x.mean(axis=0)) / np.where(x.std(axis=0) > 1e-12, x.std(axis=0), 1.0)) ** 2
     return {
-        "head (the ranker's features)": cross_validated(split.features, is_new),
-        "head + unseen_return_share": cross_validated(np.column_stack([split.features, share]), is_new),
+        "head (the ranker's features)": cross_validated(x, is_new),
+        "head + unseen_return_share": cross_validated(np.column_stack([x, share]), is_new),
+        "head + squares": cross_validated(np.column_stack([x, squares]), is_new),
+        "head + squares + unseen_return_share": cross_validated(np.column_stack([x, squares, share]), is_new),
         "mean share, new targets": round(float(share[is_new].mean()), 3),
         "mean share, other targets": round(float(share[~is_new].mean()), 3),
     }
