@@ -24,9 +24,11 @@ import pandas as pd
 
 from nextloc.config import PreprocessConfig
 from nextloc.preprocessing.vocabulary import place_centres, place_popularity
+from nextloc.routine.answerer import RoutineAnswerer
 from nextloc.routine.novelty import NewPlaceHead
 from nextloc.routine.profile import StoredProfile
-from nextloc.routine.ranking import ROUTINE_KINDS, CandidateScorer, RoutineAnswerer, scorer_from_state
+from nextloc.routine.ranking import ROUTINE_KINDS, CandidateScorer, scorer_from_state
+from nextloc.routine.unseen import split_profile
 from nextloc.storage import write_json, write_parquet, write_with
 
 if TYPE_CHECKING:
@@ -204,13 +206,15 @@ def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, loc
     if (folder / RANKER_FILE).is_file():
         state["model"] = (folder / RANKER_FILE).read_text()
     num_places = int(locations["loc_index"].max()) + 1
+    profile, unseen = split_profile(pd.read_parquet(folder / PROFILE_FILE))
     return RoutineAnswerer(
         model=scorer_from_state(kind, state),
-        profile=StoredProfile.from_frame(pd.read_parquet(folder / PROFILE_FILE)),
+        profile=StoredProfile.from_frame(profile),
         num_places=num_places,
         centres=place_centres(locations, num_places),
         popularity=place_popularity(locations, num_places),
         timezone=preprocess.timezone,
+        unseen=unseen,
     )
 
 

@@ -83,8 +83,13 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
         bundle.routine.num_places,
         bundle.preprocess.timezone,
     )
-    answers = torch.from_numpy(data.log_probabilities(bundle.routine.model, split))
-    return lambda batch: answers[batch.index], data.candidates[split].explore
+    model = bundle.routine.model
+    answers = torch.from_numpy(data.log_probabilities(model, split))
+    # a model registered before the unseen places' profile was kept reads the explore features alone
+    explore = (
+        data.explore(model, split) if bundle.routine.unseen is not None else data.candidates[split].explore
+    )
+    return lambda batch: answers[batch.index], explore
 
 
 def evaluate_registered(

@@ -19,7 +19,7 @@ from torch import nn
 from nextloc.evaluation.metrics import DEDUP_KEYS, SET_LEVELS, reliability, set_metrics, set_outcomes
 from nextloc.evaluation.tensor_metrics import MetricAccumulator
 from nextloc.preprocessing.sequences import UNSEEN
-from nextloc.routine.novelty import FEATURES, ROUTINE_FEATURES, NewPlaceHead, novelty_features, with_new_place
+from nextloc.routine.novelty import FEATURE_SETS, FEATURES, NewPlaceHead, novelty_features, with_new_place
 from nextloc.training.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
 
 ScoreFn = Callable[[Batch], torch.Tensor]
@@ -192,7 +192,8 @@ def evaluate(
         val_split if head_scores is val_scores else score_split(head_scores, val, batch_size, val_explore)
     )
     if head is None:
-        names = FEATURES if explore is None else ROUTINE_FEATURES
+        width = head_split.features.shape[1]
+        names = next(names for names in FEATURE_SETS if len(names) == width)
         head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
     if joint:
         val_split = score_split(val_scores, val, batch_size, val_explore, head)

@@ -48,8 +48,11 @@ FEATURES = (
 )
 MAX_LOGIT = math.log((1 - 1e-3) / 1e-3)  # P(new place) stays within [1e-3, 1 - 1e-3]
 # the routine kinds' head also reads how much the user explores (nextloc.routine.features.EXPLORE_FEATURES)
-ROUTINE_FEATURES = (*FEATURES, *EXPLORE_FEATURES)
-FEATURE_SETS = (FEATURES, ROUTINE_FEATURES)
+# and the model's share of the unseen places the user visited (nextloc.routine.unseen); a model registered
+# before that share was kept reads the explore features alone
+ROUTINE_FEATURES_V1 = (*FEATURES, *EXPLORE_FEATURES)
+ROUTINE_FEATURES = (*ROUTINE_FEATURES_V1, "unseen_return_share")
+FEATURE_SETS = (FEATURES, ROUTINE_FEATURES_V1, ROUTINE_FEATURES)
 
 
 def novelty_features(scores: torch.Tensor, batch: Batch) -> torch.Tensor:

@@ -33,7 +33,6 @@ import numpy as np
 import pandas as pd
 
 from nextloc.preprocessing.sequences import FIRST_PLACE
-from nextloc.preprocessing.staypoints import to_ns
 from nextloc.preprocessing.vocabulary import place_centres, place_popularity
 from nextloc.routine.calibration import Calibration
 from nextloc.routine.features import (
@@ -41,12 +40,10 @@ from nextloc.routine.features import (
     Queries,
     Routine,
     VisitLog,
-    queries_after_last,
     queries_for_targets,
-    wall_minutes,
 )
-from nextloc.routine.profile import StoredProfile
 from nextloc.routine.trees import TreeEnsemble
+from nextloc.routine.unseen import UnseenPlaces, unseen_share
 
 if TYPE_CHECKING:
     from nextloc.training.data import SampleTensors
@@ -102,6 +99,13 @@ class CandidateSet:
     def build(cls, routine: Routine, queries: Queries) -> CandidateSet:
         query, place, features = routine.candidate_features(queries)
         return cls(query, place, features, routine.explore_features(queries), len(queries))
+
+    @classmethod
+    def of_unseen(cls, places: UnseenPlaces, queries: Queries) -> CandidateSet:
+        """The places outside the vocabulary each question's user visited before now (``queries`` of
+        ``places.log``), without explore features: what :meth:`RoutineData.explore` scores beside the known."""
+        query, place, features = places.candidate_features(queries)
+        return cls(query, place, features, np.zeros((len(queries), 0)), len(queries))
 
     def column(self, name: str) -> np.ndarray:
         """One candidate feature, ``(R,)``."""
@@ -348,12 +352,16 @@ class RoutineData:
         candidates: ``split -> CandidateSet``, questions in split order.
         targets: ``split -> (N,)`` the target place of each question.
         popularity: ``(V,)`` each place's visits in train (the fallback weights).
+        unseen_places: the routine over extended ids (:mod:`nextloc.routine.unseen`).
+        unseen: ``split -> CandidateSet`` each question's places outside the vocabulary.
     """
 
     routine: Routine
     candidates: dict[str, CandidateSet]
     targets: dict[str, np.ndarray]
     popularity: np.ndarray
+    unseen_places: UnseenPlaces
+    unseen: dict[str, CandidateSet]
 
     @classmethod
     def build(
@@ -367,13 +375,16 @@ class RoutineData:
         """From ``staypoints.parquet``, ``vocabulary/locations.parquet`` and each split's samples (their
         ``staypoint_id`` names the target)."""
         log = VisitLog.from_staypoints(staypoints, timezone)
-        routine = Routine(log, num_places, place_centres(locations, num_places))
-        candidates, targets = {}, {}
+        centres = place_centres(locations, num_places)
+        routine = Routine(log, num_places, centres)
+        places = UnseenPlaces.build(log, num_places, centres)
+        candidates, targets, unseen = {}, {}, {}
         for split, data in samples.items():
-            queries = queries_for_targets(log, data.table.column("staypoint_id").to_numpy())
-            candidates[split] = CandidateSet.build(routine, queries)
+            ids = data.table.column("staypoint_id").to_numpy()
+            candidates[split] = CandidateSet.build(routine, queries_for_targets(log, ids))
+            unseen[split] = CandidateSet.of_unseen(places, queries_for_targets(places.log, ids))
             targets[split] = data.target_np
-        return cls(routine, candidates, targets, place_popularity(locations, num_places))
+        return cls(routine, candidates, targets, place_popularity(locations, num_places), places, unseen)
 
     def fit(self, kind: str, seed: int = 0) -> CandidateScorer:
         """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val),
@@ -397,26 +408,45 @@ class RoutineData:
         train and the other blocks; those answers are what the new-place head is fit on too.
 
         Returns:
-            The refit, and ``(R,)`` validation's cross-fitted candidate scores.
+            The refit, and validation's cross-fitted scores: ``(R,)`` of its candidates and of its places
+            outside the vocabulary (:attr:`unseen`).
         """
-        train, val = self.candidates["train"], self.candidates["val"]
+        train, val, unseen = self.candidates["train"], self.candidates["val"], self.unseen["val"]
         train_target, val_target = self.targets["train"], self.targets["val"]
         block = np.arange(val.n) * folds // max(val.n, 1)
-        scores = np.zeros(len(val.query))
+        scores, unseen_scores = np.zeros(len(val.query)), np.zeros(len(unseen.query))
         for k in range(folds):
             held = block == k
             trees = ranker.refit(
                 train.concat(val.select(~held)), np.concatenate([train_target, val_target[~held]])
             )
             scores[held[val.query]] = trees.scores(val.select(held))
+            unseen_scores[held[unseen.query]] = trees.scores(unseen.select(held))
         refit = ranker.refit(train.concat(val), np.concatenate([train_target, val_target]))
         refit.calibration = Calibration.fit(val, scores, val_target, self.popularity)
-        return refit, scores
+        return refit, (scores, unseen_scores)
 
-    def log_probabilities(self, model: CandidateScorer, split: str) -> np.ndarray:
-        """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order."""
+    def log_probabilities(
+        self, model: CandidateScorer, split: str, scores: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order (``scores``:
+        its candidates' scores, default ``model``'s)."""
         candidates = self.candidates[split]
-        return log_probabilities(candidates, model.scores(candidates), self.popularity, model.calibration)
+        scores = model.scores(candidates) if scores is None else scores
+        return log_probabilities(candidates, scores, self.popularity, model.calibration)
+
+    def explore(
+        self, model: CandidateScorer, split: str, scores: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> np.ndarray:
+        """``(N, E + 1)``: the routine's explore features of ``split``'s questions and ``model``'s
+        ``unseen_return_share`` (``scores``: its known and unseen candidates' scores, default ``model``'s):
+        the new-place head's routine inputs."""
+        known, unseen = self.candidates[split], self.unseen[split]
+        known_scores, unseen_scores = scores or (model.scores(known), model.scores(unseen))
+        share = unseen_share(
+            (known.query, known_scores), (unseen.query, unseen_scores), known.n, model.calibration.temperature
+        )
+        return np.column_stack([known.explore, share])
 
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:
@@ -429,62 +459,3 @@ def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:
     if kind not in scorers:
         raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
     return scorers[kind].from_state(state)
-
-
-@dataclass(frozen=True)
-class RoutineAnswerer:
-    """A registered routine kind answering a request: its model, and the users' profile as of training.
-
-    A request's visits extend the profile (its visits before the end of a known user's profile are taken
-    to be in the profile already, and only mark the 7-day window); a user the profile does not hold, or a
-    second history of the same user in one request, is answered from the request's visits alone.
-    """
-
-    model: CandidateScorer
-    profile: StoredProfile
-    num_places: int
-    centres: np.ndarray
-    popularity: np.ndarray
-    timezone: str
-
-    def answer(self, visits: pd.DataFrame, users: np.ndarray, at: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-        """Answers to one question per history.
-
-        Args:
-            visits: one row per visit: ``history`` (0..H-1), ``started_at``, ``finished_at`` (tz-aware),
-                ``place`` (encoded: 1 for a place outside the vocabulary) and ``raw_place`` (an id that
-                tells the request's places apart).
-            users: ``(H,)`` each history's encoded user (0: unknown).
-            at: ``(H,)`` each question's time (tz-aware).
-
-        Returns:
-            ``(H, V)`` float32 log-probabilities and ``(H, E)`` explore features, in history order.
-        """
-        h = visits["history"].to_numpy(np.int64)
-        n = len(users)
-        users = np.asarray(users, dtype=np.int64)
-        first_of_user = np.zeros(n, dtype=bool)
-        first_of_user[np.unique(users, return_index=True)[1]] = True
-        known = self.profile.users
-        in_profile = first_of_user & np.isin(users, known)
-        fresh = int(max(int(known.max()) if len(known) else 0, int(users.max()) if n else 0)) + 1
-        routine_user = np.where(in_profile, users, fresh + np.arange(n))
-        log = VisitLog.of(
-            routine_user[h],
-            to_ns(visits["started_at"]),
-            to_ns(visits["finished_at"]),
-            visits["place"].to_numpy(np.int64),
-            visits["raw_place"].to_numpy(np.int64),
-            np.arange(len(visits)),
-            self.timezone,
-        )
-        order = np.argsort(routine_user, kind="stable")  # queries_after_last answers users ascending
-        now = wall_minutes(pd.Series(at).iloc[order], self.timezone)
-        queries = queries_after_last(log, now)
-        routine = Routine(log, self.num_places, self.centres, self.profile)
-        candidates = CandidateSet.build(routine, queries)
-        scores = self.model.scores(candidates)
-        logp = log_probabilities(candidates, scores, self.popularity, self.model.calibration)
-        back = np.empty(n, dtype=np.int64)
-        back[order] = np.arange(n)
-        return logp[back], candidates.explore[back]

@@ -26,7 +26,8 @@ from nextloc.models import build_model, count_parameters, model_settings, regist
 from nextloc.models.baselines import BaselineModule
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
-from nextloc.routine.ranking import RoutineData, log_probabilities
+from nextloc.routine.ranking import RoutineData
+from nextloc.routine.unseen import join_profiles
 from nextloc.training.data import SampleTensors
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
@@ -72,7 +73,9 @@ class FittedKind:
     @property
     def profile(self) -> Any:
         """A routine kind's users' profile (kept in its bundle), else None."""
-        return self.routine_data.routine.profile() if self.routine_data is not None else None
+        if self.routine_data is None:
+            return None
+        return join_profiles(self.routine_data.routine.profile(), self.routine_data.unseen_places.profile())
 
     def evaluate(self, splits: Mapping[str, SampleTensors]) -> Evaluation:
         """Validation and test metrics: the model chosen on validation gives the validation metrics, the
@@ -208,12 +211,11 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
     )
     selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
     val_answers = data.log_probabilities(selection, "val")
-    model, head_val = selection, val_answers
+    model, head_val, val_explore = selection, val_answers, data.explore(selection, "val")
     if kind == "ranker_refit":  # its head reads validation's cross-fitted answers (RoutineData.refit)
-        model, val_cross_fit = data.refit(selection)
-        head_val = log_probabilities(
-            data.candidates["val"], val_cross_fit, data.popularity, model.calibration
-        )
+        model, cross_fit = data.refit(selection)
+        head_val = data.log_probabilities(model, "val", cross_fit[0])
+        val_explore = data.explore(model, "val", cross_fit)
 
     def rows_of(answers: np.ndarray):
         answers_t = torch.from_numpy(answers)
@@ -229,7 +231,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         val_scores=val_scores,
         test_scores=test_scores,
         head_val_scores=rows_of(head_val),
-        explore=(data.candidates["val"].explore, data.candidates["test"].explore),
+        explore=(val_explore, data.explore(model, "test")),
         joint=True,
     )
     return FittedKind(
