@@ -303,7 +303,8 @@ VERSION_SCORES = (HEADLINE, "place_mrr", "acc@1", "mrr")
 PROFILE_NOTICE = (
     ". Personal data: this version carries each training user's routine profile (profile.parquet in its "
     "bundle): visit counts per place, time-of-day slot, kind of day and move between places, and the time of "
-    "the last visit per place; no list of visits. Delete the version to delete the profiles."
+    "the last visit per place, and the centre of each place they went to outside the model's vocabulary; "
+    "no list of visits. Delete the version to delete the profiles."
 )
 
 

@@ -54,8 +54,8 @@ class Histories:
         meta: one row per history (what the answer says about it: ``user_id``, ``known_user``, ``at``,
             ``visits_used``, ``new_place_visits``, ...), in the order of the input.
         visits: every visit of the request before each question (not only the window), for the routine
-            kinds: ``history``, ``started_at``, ``finished_at``, ``place`` (encoded), ``raw_place``; None
-            for histories that were never visits (a samples table).
+            kinds: ``history``, ``started_at``, ``finished_at``, ``place`` (encoded), ``raw_place``,
+            ``latitude``, ``longitude``; None for histories that were never visits (a samples table).
         at: ``(B,)`` each question's time (UTC), with ``visits``.
         windowed: the visits each packed row holds, as arrays (None for histories that were never
             visits); :attr:`window` is their table, built when a map asks for it, not at every answer.
@@ -238,6 +238,8 @@ def _request_visits(stays: _Stays) -> pd.DataFrame:
             "finished_at": _utc(stays.end_ns),
             "place": stays.encoded(),
             "raw_place": stays.place,
+            "latitude": stays.latitude,
+            "longitude": stays.longitude,
         }
     )
 

@@ -16,7 +16,7 @@ from nextloc.preprocessing.staypoints import to_ns
 from nextloc.routine.features import Routine, VisitLog, queries_after_last, wall_minutes
 from nextloc.routine.profile import StoredProfile
 from nextloc.routine.ranking import CandidateScorer, CandidateSet, log_probabilities
-from nextloc.routine.unseen import UnseenPlaces, unseen_share
+from nextloc.routine.unseen import StoredUnseen, UnseenPlaces, unseen_centres, unseen_share
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,8 @@ class RoutineAnswerer:
     A request's visits extend the profile (its visits before the end of a known user's profile are taken
     to be in the profile already, and only mark the 7-day window); a user the profile does not hold, or a
     second history of the same user in one request, is answered from the request's visits alone. With
-    ``unseen`` (the profile of :class:`~nextloc.routine.unseen.UnseenPlaces` and the unseen places it
-    holds), the explore features end with ``unseen_return_share``; a model registered before it was
-    kept answers without it.
+    ``unseen`` (the stored profile of :class:`~nextloc.routine.unseen.UnseenPlaces`), the explore features
+    end with ``unseen_return_share``; a model registered before it was kept answers without it.
     """
 
     model: CandidateScorer
@@ -37,15 +36,15 @@ class RoutineAnswerer:
     centres: np.ndarray
     popularity: np.ndarray
     timezone: str
-    unseen: tuple[StoredProfile, int] | None = None
+    unseen: StoredUnseen | None = None
 
     def answer(self, visits: pd.DataFrame, users: np.ndarray, at: pd.Series) -> tuple[np.ndarray, np.ndarray]:
         """Answers to one question per history.
 
         Args:
             visits: one row per visit: ``history`` (0..H-1), ``started_at``, ``finished_at`` (tz-aware),
-                ``place`` (encoded: 1 for a place outside the vocabulary) and ``raw_place`` (an id that
-                tells the request's places apart).
+                ``place`` (encoded: 1 for a place outside the vocabulary), ``raw_place`` (an id that
+                tells the request's places apart), and optionally ``latitude`` and ``longitude``.
             users: ``(H,)`` each history's encoded user (0: unknown).
             at: ``(H,)`` each question's time (tz-aware).
 
@@ -80,15 +79,23 @@ class RoutineAnswerer:
         logp = log_probabilities(candidates, scores, self.popularity, self.model.calibration)
         explore = candidates.explore
         if self.unseen is not None:
-            places = UnseenPlaces.build(log, self.num_places, self.centres, self.unseen)
-            unseen = CandidateSet.of_unseen(places, queries_after_last(places.log, now))
-            share = unseen_share(
-                (candidates.query, scores),
-                (unseen.query, self.model.scores(unseen)),
-                n,
-                self.model.calibration.temperature,
-            )
-            explore = np.column_stack([explore, share])
+            explore = np.column_stack([explore, self._unseen_share(visits, log, now)])
         back = np.empty(n, dtype=np.int64)
         back[order] = np.arange(n)
         return logp[back], explore[back]
+
+    def _unseen_share(self, visits: pd.DataFrame, log: VisitLog, now: np.ndarray) -> np.ndarray:
+        """``unseen_return_share`` of each question (users ascending, as ``queries_after_last``)."""
+        located = {"latitude", "longitude"} <= set(visits.columns)
+        coordinates = (
+            unseen_centres(visits["place"], visits["raw_place"], visits["latitude"], visits["longitude"])
+            if located
+            else None
+        )
+        places = UnseenPlaces.build(log, self.centres, coordinates, self.unseen)
+        candidates = CandidateSet.build(places.routine, queries_after_last(places.log, now))
+        is_unseen = candidates.place >= self.num_places
+        scores = self.model.scores(candidates)
+        return unseen_share(
+            candidates.query, scores, is_unseen, candidates.n, self.model.calibration.temperature
+        )

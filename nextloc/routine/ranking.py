@@ -43,7 +43,7 @@ from nextloc.routine.features import (
     queries_for_targets,
 )
 from nextloc.routine.trees import TreeEnsemble
-from nextloc.routine.unseen import UnseenPlaces, unseen_share
+from nextloc.routine.unseen import UnseenPlaces, unseen_centres, unseen_share
 
 if TYPE_CHECKING:
     from nextloc.training.data import SampleTensors
@@ -99,13 +99,6 @@ class CandidateSet:
     def build(cls, routine: Routine, queries: Queries) -> CandidateSet:
         query, place, features = routine.candidate_features(queries)
         return cls(query, place, features, routine.explore_features(queries), len(queries))
-
-    @classmethod
-    def of_unseen(cls, places: UnseenPlaces, queries: Queries) -> CandidateSet:
-        """The places outside the vocabulary each question's user visited before now (``queries`` of
-        ``places.log``), without explore features: what :meth:`RoutineData.explore` scores beside the known."""
-        query, place, features = places.candidate_features(queries)
-        return cls(query, place, features, np.zeros((len(queries), 0)), len(queries))
 
     def column(self, name: str) -> np.ndarray:
         """One candidate feature, ``(R,)``."""
@@ -353,7 +346,7 @@ class RoutineData:
         targets: ``split -> (N,)`` the target place of each question.
         popularity: ``(V,)`` each place's visits in train (the fallback weights).
         unseen_places: the routine over extended ids (:mod:`nextloc.routine.unseen`).
-        unseen: ``split -> CandidateSet`` each question's places outside the vocabulary.
+        unseen: ``split -> CandidateSet`` each question's places in that routine, known or not.
     """
 
     routine: Routine
@@ -377,12 +370,12 @@ class RoutineData:
         log = VisitLog.from_staypoints(staypoints, timezone)
         centres = place_centres(locations, num_places)
         routine = Routine(log, num_places, centres)
-        places = UnseenPlaces.build(log, num_places, centres)
+        places = UnseenPlaces.build(log, centres, _unseen_centres(staypoints))
         candidates, targets, unseen = {}, {}, {}
         for split, data in samples.items():
             ids = data.table.column("staypoint_id").to_numpy()
             candidates[split] = CandidateSet.build(routine, queries_for_targets(log, ids))
-            unseen[split] = CandidateSet.of_unseen(places, queries_for_targets(places.log, ids))
+            unseen[split] = CandidateSet.build(places.routine, queries_for_targets(places.log, ids))
             targets[split] = data.target_np
         return cls(routine, candidates, targets, place_popularity(locations, num_places), places, unseen)
 
@@ -408,8 +401,7 @@ class RoutineData:
         train and the other blocks; those answers are what the new-place head is fit on too.
 
         Returns:
-            The refit, and validation's cross-fitted scores: ``(R,)`` of its candidates and of its places
-            outside the vocabulary (:attr:`unseen`).
+            The refit, and validation's cross-fitted scores of its candidates and of :attr:`unseen`'s.
         """
         train, val, unseen = self.candidates["train"], self.candidates["val"], self.unseen["val"]
         train_target, val_target = self.targets["train"], self.targets["val"]
@@ -435,18 +427,27 @@ class RoutineData:
         scores = model.scores(candidates) if scores is None else scores
         return log_probabilities(candidates, scores, self.popularity, model.calibration)
 
-    def explore(
-        self, model: CandidateScorer, split: str, scores: tuple[np.ndarray, np.ndarray] | None = None
-    ) -> np.ndarray:
+    def explore(self, model: CandidateScorer, split: str, scores: np.ndarray | None = None) -> np.ndarray:
         """``(N, E + 1)``: the routine's explore features of ``split``'s questions and ``model``'s
-        ``unseen_return_share`` (``scores``: its known and unseen candidates' scores, default ``model``'s):
+        ``unseen_return_share`` (``scores``: its scores of :attr:`unseen`'s candidates, default ``model``'s):
         the new-place head's routine inputs."""
-        known, unseen = self.candidates[split], self.unseen[split]
-        known_scores, unseen_scores = scores or (model.scores(known), model.scores(unseen))
-        share = unseen_share(
-            (known.query, known_scores), (unseen.query, unseen_scores), known.n, model.calibration.temperature
-        )
-        return np.column_stack([known.explore, share])
+        places = self.unseen[split]
+        scores = model.scores(places) if scores is None else scores
+        is_unseen = places.place >= self.unseen_places.num_places
+        share = unseen_share(places.query, scores, is_unseen, places.n, model.calibration.temperature)
+        return np.column_stack([self.candidates[split].explore, share])
+
+
+def _unseen_centres(staypoints: pd.DataFrame) -> np.ndarray | None:
+    """The staypoints' unseen places' centres (None: staypoints without coordinates)."""
+    if not {"latitude", "longitude"} <= set(staypoints.columns):
+        return None
+    return unseen_centres(
+        staypoints["location_id"].to_numpy(np.int64),
+        staypoints["raw_location_id"].to_numpy(np.int64),
+        staypoints["latitude"],
+        staypoints["longitude"],
+    )
 
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:

@@ -4,13 +4,16 @@ The routine (:mod:`nextloc.routine.features`) counts every visit to a place outs
 the one place ``1``, so the ranker never scores a return to one of them; yet many "new place" targets are
 such returns (a place first visited after training and visited again). :class:`UnseenPlaces` is a second
 routine over *extended* place ids: a known place keeps its id, each place outside the vocabulary gets its own
-from ``num_places`` up (first the dataset's, then a request's). Its candidates outside the vocabulary are
-scored by the same model as the known ones, and :func:`unseen_share` turns both into the new-place head's
-input ``unseen_return_share``: the share of a softmax over every place the user visited before now that
-falls on the unseen ones.
+from ``num_places`` up (first the dataset's, then a request's), with its centre (the mean of its visits'
+coordinates), so that distances from and to it are known. The kind's model scores every place of this
+routine, known or not, and :func:`unseen_share` gives the new-place head's input ``unseen_return_share``:
+the share of the calibrated softmax over every place the user visited before now that falls on the unseen
+ones. (Scored in the routine itself, where an unseen current place has a centre, a known candidate's
+distance is known too: mixing the routine's known scores with these gave a third of the gain on
+validation, ``benchmarks/unseen_returns.py``.)
 
-A registered model keeps this routine's profile beside the routine's (:func:`join_profiles`), with the number
-of unseen places it holds: a request's own unseen places get the ids after them (at most
+A registered model keeps this routine's profile beside the routine's (:func:`join_profiles`), with the
+unseen places it holds and their centres: a request's own unseen places get the ids after them (at most
 :data:`REQUEST_CAPACITY`), so that every key stays in the same radix.
 """
 
@@ -22,12 +25,25 @@ import numpy as np
 import pandas as pd
 
 from nextloc.preprocessing.sequences import UNSEEN
-from nextloc.routine.features import Queries, Routine, VisitLog
+from nextloc.routine.features import Routine, VisitLog
 from nextloc.routine.profile import StoredProfile
 
 REQUEST_CAPACITY = 4096  # places outside the vocabulary one request may add to a stored profile's
 PREFIX = "unseen:"  # the profile table's indexes of this routine
-PLACES_INDEX = "unseen_places"  # one row: ``count`` = the unseen places the profile holds
+CENTRES_INDEX = "centres"  # one row per unseen place the profile holds: key its id, count/total its lat/lon
+
+
+@dataclass(frozen=True)
+class StoredUnseen:
+    """The stored profile of :class:`UnseenPlaces` (:func:`split_profile`): its counts, and the ``(held, 2)``
+    centres of the unseen places it holds (ids ``num_places`` to ``num_places + held - 1``)."""
+
+    profile: StoredProfile
+    centres: np.ndarray
+
+    @property
+    def held(self) -> int:
+        return len(self.centres)
 
 
 @dataclass(frozen=True)
@@ -45,33 +61,41 @@ class UnseenPlaces:
     def build(
         cls,
         log: VisitLog,
-        num_places: int,
-        centres: np.ndarray | None = None,
-        stored: tuple[StoredProfile, int] | None = None,
+        centres: np.ndarray,
+        unseen_centres: np.ndarray | None = None,
+        stored: StoredUnseen | None = None,
     ) -> UnseenPlaces:
-        """Over ``log`` (encoded places, ``raw_place`` telling the unseen ones apart); ``stored``: a stored
-        profile of this routine (:func:`split_profile`) and the unseen places it holds, whose ids the log's
-        unseen places come after.
+        """Over ``log`` (encoded places, ``raw_place`` telling the unseen ones apart).
+
+        Args:
+            centres: ``(num_places, 2)`` the known places' latitude/longitude.
+            unseen_centres: ``(K, 2)`` those of the log's unseen places, by ascending ``raw_place``
+                (:func:`unseen_centres`; None: unknown).
+            stored: a stored profile of this routine, whose unseen places the log's come after.
 
         Raises:
             ValueError: a log with more unseen places than :data:`REQUEST_CAPACITY` beside a stored profile.
         """
-        profile, held = stored if stored is not None else (None, 0)
+        num_places = len(centres)
         unseen = log.place == UNSEEN
         raw, rank = np.unique(log.raw_place[unseen], return_inverse=True)
         if stored is not None and len(raw) > REQUEST_CAPACITY:
             raise ValueError(
                 f"{len(raw)} places outside the vocabulary in one request: at most {REQUEST_CAPACITY}"
             )
+        held = stored.held if stored is not None else len(raw)
+        first = num_places + (held if stored is not None else 0)  # the log's unseen places' first id
         place = log.place.copy()
-        place[unseen] = num_places + held + rank
+        place[unseen] = first + rank
         extended = VisitLog(log.user, log.start, log.end, place, log.raw_place, log.staypoint)
-        size = num_places + (held if stored is not None else len(raw)) + REQUEST_CAPACITY
-        all_centres = np.full((size, 2), np.nan)
-        if centres is not None:
-            all_centres[: len(centres)] = centres
-        held = held if stored is not None else len(raw)
-        return cls(Routine(extended, size, all_centres, profile), int(num_places), int(held))
+        all_centres = np.full((num_places + held + REQUEST_CAPACITY, 2), np.nan)
+        all_centres[:num_places] = centres
+        if stored is not None:
+            all_centres[num_places:first] = stored.centres
+        if unseen_centres is not None:
+            all_centres[first : first + len(raw)] = unseen_centres
+        profile = stored.profile if stored is not None else None
+        return cls(Routine(extended, len(all_centres), all_centres, profile), int(num_places), int(held))
 
     @property
     def log(self) -> VisitLog:
@@ -79,19 +103,28 @@ class UnseenPlaces:
         ``queries_after_last``) of this log, so that a question's current place is an extended id too."""
         return self.routine.log
 
-    def candidate_features(self, queries: Queries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(query row, place, features)`` of the places outside the vocabulary each question's user visited
-        before now (:meth:`~nextloc.routine.features.Routine.candidate_features`, their rows only)."""
-        query, place, features = self.routine.candidate_features(queries)
-        keep = place >= self.num_places
-        return query[keep], place[keep], features[keep]
-
     def profile(self) -> pd.DataFrame:
-        """This routine's profile, its indexes named ``unseen:<index>``, and the number of unseen places."""
+        """This routine's profile, its indexes named ``unseen:<index>``, and the centres of its unseen places."""
         table = self.routine.profile()
         table["index"] = PREFIX + table["index"].astype(str)
-        held = pd.DataFrame({"index": [PREFIX + PLACES_INDEX], "key": [0], "count": [float(self.held)]})
-        return pd.concat([table, held.assign(total=0.0, last=np.nan)], ignore_index=True)
+        ids = np.arange(self.num_places, self.num_places + self.held)
+        lat, lon = self.routine.centres[ids].T
+        centres = pd.DataFrame({"index": PREFIX + CENTRES_INDEX, "key": ids, "count": lat, "total": lon})
+        return pd.concat([table, centres.assign(last=np.nan)], ignore_index=True)
+
+
+def unseen_centres(place: np.ndarray, raw_place: np.ndarray, latitude, longitude) -> np.ndarray:
+    """``(K, 2)`` the mean latitude/longitude of each place outside the vocabulary (``place == 1``), by
+    ascending ``raw_place``: :meth:`UnseenPlaces.build`'s ``unseen_centres``."""
+    unseen = np.asarray(place) == UNSEEN
+    frame = pd.DataFrame(
+        {
+            "raw": np.asarray(raw_place)[unseen],
+            "lat": np.asarray(latitude, dtype=np.float64)[unseen],
+            "lon": np.asarray(longitude, dtype=np.float64)[unseen],
+        }
+    )
+    return frame.groupby("raw", sort=True)[["lat", "lon"]].mean().to_numpy()
 
 
 def join_profiles(routine: pd.DataFrame, unseen: pd.DataFrame) -> pd.DataFrame:
@@ -99,37 +132,34 @@ def join_profiles(routine: pd.DataFrame, unseen: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([routine, unseen], ignore_index=True)
 
 
-def split_profile(table: pd.DataFrame) -> tuple[pd.DataFrame, tuple[StoredProfile, int] | None]:
-    """The routine's part of a profile table, and its unseen places' part with the number of unseen places
-    (None: a profile stored without it)."""
+def split_profile(table: pd.DataFrame) -> tuple[pd.DataFrame, StoredUnseen | None]:
+    """The routine's part of a profile table, and the unseen places' part (None: a profile stored without
+    it)."""
     index = table["index"].astype(str)
     mine = index.str.startswith(PREFIX)
     if not mine.any():
         return table, None
     part = table[mine].assign(index=index[mine].str.slice(len(PREFIX)))
-    held = part["index"] == PLACES_INDEX
-    count = int(part.loc[held, "count"].iloc[0]) if held.any() else 0
-    return table[~mine].reset_index(drop=True), (StoredProfile.from_frame(part[~held]), count)
+    is_centre = (part["index"] == CENTRES_INDEX).to_numpy()
+    centres = part[is_centre].sort_values("key")[["count", "total"]].to_numpy(np.float64)
+    stored = StoredUnseen(StoredProfile.from_frame(part[~is_centre]), centres.reshape(-1, 2))
+    return table[~mine].reset_index(drop=True), stored
 
 
 def unseen_share(
-    known: tuple[np.ndarray, np.ndarray],
-    unseen: tuple[np.ndarray, np.ndarray],
-    n: int,
-    temperature: float = 1.0,
+    query: np.ndarray, scores: np.ndarray, is_unseen: np.ndarray, n: int, temperature: float = 1.0
 ) -> np.ndarray:
-    """``(n,)`` per question: the share of the softmax (scores over ``temperature``) over its known candidates
-    and its unseen ones that goes to the unseen ones (0 without any).
+    """``(n,)`` per question: the share of the softmax of its candidates' ``scores`` (over ``temperature``)
+    that goes to the unseen ones (0 without any candidate).
 
     Args:
-        known, unseen: ``(query row, score)`` of each candidate.
+        query: ``(R,)`` each candidate's question; scores: ``(R,)``; is_unseen: ``(R,)`` bool.
         n: the number of questions.
     """
-    query = np.concatenate([known[0], unseen[0]]).astype(np.int64)
-    scores = np.concatenate([known[1], unseen[1]]).astype(np.float64) / temperature
-    is_unseen = np.concatenate([np.zeros(len(known[0])), np.ones(len(unseen[0]))])
+    query = np.asarray(query, dtype=np.int64)
     if not len(query):
         return np.zeros(n)
+    scores = np.asarray(scores, dtype=np.float64) / temperature
     top = np.full(n, -np.inf)
     np.maximum.at(top, query, scores)
     z = np.exp(scores - top[query])

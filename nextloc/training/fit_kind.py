@@ -215,7 +215,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
     if kind == "ranker_refit":  # its head reads validation's cross-fitted answers (RoutineData.refit)
         model, cross_fit = data.refit(selection)
         head_val = data.log_probabilities(model, "val", cross_fit[0])
-        val_explore = data.explore(model, "val", cross_fit)
+        val_explore = data.explore(model, "val", cross_fit[1])
 
     def rows_of(answers: np.ndarray):
         answers_t = torch.from_numpy(answers)

@@ -1,5 +1,5 @@
-"""Places outside the vocabulary told apart (:mod:`nextloc.routine.unseen`): their ids, the share the head reads,
-the profile a registered model keeps, nothing read after now."""
+"""Places outside the vocabulary told apart (:mod:`nextloc.routine.unseen`): their ids and centres, the share
+the new-place head reads, the profile a registered model keeps, nothing read after now."""
 
 from __future__ import annotations
 
@@ -11,17 +11,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nextloc.routine.answerer import RoutineAnswerer
 from nextloc.routine.features import (
+    EXPLORE_FEATURES,
     MINUTES_PER_DAY,
     Routine,
     VisitLog,
     queries_after_last,
     queries_for_targets,
 )
+from nextloc.routine.profile import StoredProfile
 from nextloc.routine.ranking import CandidateSet, RoutineRule
-from nextloc.routine.unseen import REQUEST_CAPACITY, UnseenPlaces, join_profiles, split_profile, unseen_share
+from nextloc.routine.unseen import (
+    REQUEST_CAPACITY,
+    UnseenPlaces,
+    join_profiles,
+    split_profile,
+    unseen_centres,
+    unseen_share,
+)
 
 NUM_PLACES = 8  # 0 pad, 1 outside the vocabulary, 2..7 known
+CENTRES = np.column_stack([np.linspace(39.9, 40.0, NUM_PLACES), np.linspace(116.3, 116.4, NUM_PLACES)])
 
 
 def make_log(rows: list[tuple[int, int, int]], user: int = 1, first_raw: int = 100) -> VisitLog:
@@ -42,39 +53,41 @@ def make_log(rows: list[tuple[int, int, int]], user: int = 1, first_raw: int = 1
     )
 
 
-def shares(places: UnseenPlaces, routine: Routine, queries_known, queries_unseen) -> np.ndarray:
-    """The share of the routine rule's softmax over both kinds of candidate (moves not read: a request's
-    first visit is reached by a move from the profile's last, which neither counts)."""
-    known = CandidateSet.build(routine, queries_known)
-    unseen = CandidateSet.of_unseen(places, queries_unseen)
+def centres_of(log: VisitLog) -> np.ndarray:
+    """Each unseen place of ``log`` somewhere of its own (by its raw id)."""
+    return unseen_centres(log.place, log.raw_place, 40.0 + log.raw_place / 1e3, 116.0 + log.raw_place / 1e3)
+
+
+def shares(places: UnseenPlaces, queries) -> np.ndarray:
+    """The share of the routine rule's softmax over the extended routine's candidates (moves not read: a
+    request's first visit is reached by a move from the profile's last, which neither counts)."""
+    candidates = CandidateSet.build(places.routine, queries)
     rule = RoutineRule({"n_window": 1.0, "share_place": 1.0, "share_slot": 1.0, "is_current": 1.0})
-    return unseen_share((known.query, rule.scores(known)), (unseen.query, rule.scores(unseen)), known.n)
+    is_unseen = candidates.place >= NUM_PLACES
+    return unseen_share(candidates.query, rule.scores(candidates), is_unseen, candidates.n)
 
 
 def test_the_share_is_the_softmax_mass_of_the_unseen_candidates() -> None:
-    known = (np.array([0, 0, 1]), np.array([1.0, 0.0, 2.0]))
-    unseen = (np.array([0, 2]), np.array([1.0, -3.0]))
-    share = unseen_share(known, unseen, 4, temperature=2.0)
+    query, scores = np.array([0, 0, 0, 1, 2]), np.array([1.0, 0.0, 1.0, 2.0, -3.0])
+    share = unseen_share(query, scores, np.array([False, False, True, False, True]), 4, temperature=2.0)
     e = math.exp(0.5)
     np.testing.assert_allclose(share, [e / (e + 1.0 + e), 0.0, 1.0, 0.0])
-    assert unseen_share((np.zeros(0, int), np.zeros(0)), (np.zeros(0, int), np.zeros(0)), 2).tolist() == [
-        0,
-        0,
-    ]
+    assert unseen_share(np.zeros(0, int), np.zeros(0), np.zeros(0, bool), 2).tolist() == [0, 0]
 
 
-def test_each_unseen_place_is_a_candidate_of_its_own() -> None:
+def test_each_unseen_place_is_a_candidate_of_its_own_with_its_centre() -> None:
     # home, new place A, home, new place B, new place A, home: A twice, B once, both after the vocabulary
     log = make_log([(0, 2, 0), (100, 1, 0), (200, 2, 0), (300, 1, 1), (400, 1, 0), (500, 2, 0)])
-    places = UnseenPlaces.build(log, NUM_PLACES)
+    places = UnseenPlaces.build(log, CENTRES, centres_of(log))
     assert places.held == 2
     assert places.log.place.tolist() == [2, NUM_PLACES, 2, NUM_PLACES + 1, NUM_PLACES, 2]
-    candidates = CandidateSet.of_unseen(places, queries_after_last(places.log))
-    assert candidates.place.tolist() == [NUM_PLACES, NUM_PLACES + 1]
-    assert candidates.column("n_place").tolist() == [2.0, 1.0]
-    assert candidates.explore.shape == (1, 0)
+    candidates = CandidateSet.build(places.routine, queries_after_last(places.log))
+    assert candidates.place.tolist() == [2, NUM_PLACES, NUM_PLACES + 1]
+    assert candidates.column("n_place").tolist() == [3.0, 2.0, 1.0]
     # the moves out of the current place count each unseen place apart: home -> A once, home -> B once
-    assert candidates.column("n_transition").tolist() == [1.0, 1.0]
+    assert candidates.column("n_transition").tolist() == [0.0, 1.0, 1.0]
+    # their distances from home are known: each has the centre of its visits
+    assert np.isfinite(candidates.column("log_km")).all()
 
 
 unseen_rows = st.lists(
@@ -89,22 +102,13 @@ unseen_rows = st.lists(
 def test_no_share_reads_a_visit_after_its_question(rows) -> None:
     """Each question's share is the same when every visit after its target is removed."""
     log = make_log(rows)
-    places = UnseenPlaces.build(log, NUM_PLACES)
-    routine = Routine(log, NUM_PLACES)
     targets = log.staypoint[1:]
-    whole = shares(
-        places, routine, queries_for_targets(log, targets), queries_for_targets(places.log, targets)
-    )
+    places = UnseenPlaces.build(log, CENTRES, centres_of(log))
+    whole = shares(places, queries_for_targets(places.log, targets))
     for i, target in enumerate(targets):
         past = log.take(np.arange(len(log)) <= i + 1)
-        past_places = UnseenPlaces.build(past, NUM_PLACES)
-        one = np.array([target])
-        alone = shares(
-            past_places,
-            Routine(past, NUM_PLACES),
-            queries_for_targets(past, one),
-            queries_for_targets(past_places.log, one),
-        )
+        past_places = UnseenPlaces.build(past, CENTRES, centres_of(past))
+        alone = shares(past_places, queries_for_targets(past_places.log, np.array([target])))
         np.testing.assert_allclose(alone, whole[i : i + 1])
 
 
@@ -117,40 +121,27 @@ def test_a_profile_and_a_request_share_like_the_whole_log(past, later) -> None:
     cut = 38 * MINUTES_PER_DAY
     before = make_log(past)
     after = make_log([(cut + s, p, r) for s, p, r in later], first_raw=200)
-    whole_log = VisitLog(
-        *(np.concatenate([getattr(before, f), getattr(after, f)]) for f in VisitLog.__dataclass_fields__)
-    )
-    table = join_profiles(
-        Routine(before, NUM_PLACES).profile(), UnseenPlaces.build(before, NUM_PLACES).profile()
-    )
-    profile, stored = split_profile(table)
+    fields = VisitLog.__dataclass_fields__
+    whole_log = VisitLog(*(np.concatenate([getattr(before, f), getattr(after, f)]) for f in fields))
+    stored_places = UnseenPlaces.build(before, CENTRES, centres_of(before))
+    _, stored = split_profile(join_profiles(Routine(before, NUM_PLACES).profile(), stored_places.profile()))
     now = np.array([int(whole_log.end.max()) + 60])
-    served_places = UnseenPlaces.build(after, NUM_PLACES, stored=stored)
-    served = shares(
-        served_places,
-        Routine(after, NUM_PLACES, profile=profile),
-        queries_after_last(after, now),
-        queries_after_last(served_places.log, now),
-    )
-    whole_places = UnseenPlaces.build(whole_log, NUM_PLACES)
-    whole = shares(
-        whole_places,
-        Routine(whole_log, NUM_PLACES),
-        queries_after_last(whole_log, now),
-        queries_after_last(whole_places.log, now),
-    )
+    served_places = UnseenPlaces.build(after, CENTRES, centres_of(after), stored=stored)
+    whole_places = UnseenPlaces.build(whole_log, CENTRES, centres_of(whole_log))
+    served = shares(served_places, queries_after_last(served_places.log, now))
+    whole = shares(whole_places, queries_after_last(whole_places.log, now))
     np.testing.assert_allclose(served, whole)
 
 
-def test_a_profile_keeps_its_unseen_places_apart_and_an_old_one_has_none() -> None:
+def test_a_profile_keeps_its_unseen_places_and_centres_apart_and_an_old_one_has_none() -> None:
     log = make_log([(0, 2, 0), (100, 1, 0), (200, 1, 1)])
     routine_table = Routine(log, NUM_PLACES).profile()
-    profile, stored = split_profile(
-        join_profiles(routine_table, UnseenPlaces.build(log, NUM_PLACES).profile())
-    )
+    places = UnseenPlaces.build(log, CENTRES, centres_of(log))
+    profile, stored = split_profile(join_profiles(routine_table, places.profile()))
     pd.testing.assert_frame_equal(profile, routine_table)
     assert stored is not None
-    assert stored[1] == 2
+    assert stored.held == 2
+    np.testing.assert_allclose(stored.centres, centres_of(log))
     old, none = split_profile(routine_table)
     assert none is None
     assert old is routine_table
@@ -158,33 +149,26 @@ def test_a_profile_keeps_its_unseen_places_apart_and_an_old_one_has_none() -> No
 
 def test_a_request_with_too_many_unseen_places_is_refused() -> None:
     log = make_log([(i * 100, 1, i) for i in range(REQUEST_CAPACITY + 1)])
-    stored = split_profile(
-        join_profiles(Routine(log, NUM_PLACES).profile(), UnseenPlaces.build(log, NUM_PLACES).profile())
-    )[1]
+    _, stored = split_profile(UnseenPlaces.build(log, CENTRES).profile())
     with pytest.raises(ValueError, match="outside the vocabulary in one request"):
-        UnseenPlaces.build(log, NUM_PLACES, stored=stored)
+        UnseenPlaces.build(log, CENTRES, stored=stored)
 
 
 def test_an_answer_reads_the_share_only_with_the_unseen_places_profile() -> None:
     """A registered model answers with ``unseen_return_share`` after its explore features when its profile
     holds the unseen places' routine; one registered before it answers with the explore features alone."""
-    from nextloc.routine.answerer import RoutineAnswerer
-    from nextloc.routine.features import EXPLORE_FEATURES
-    from nextloc.routine.profile import StoredProfile
-
     past = make_log([(0, 2, 0), (100, 1, 0), (200, 2, 0), (300, 1, 0)])
-    profile, unseen = split_profile(
-        join_profiles(Routine(past, NUM_PLACES).profile(), UnseenPlaces.build(past, NUM_PLACES).profile())
-    )
+    past_places = UnseenPlaces.build(past, CENTRES, centres_of(past))
+    profile, unseen = split_profile(join_profiles(Routine(past, NUM_PLACES).profile(), past_places.profile()))
     start = pd.to_datetime(40 * MINUTES_PER_DAY + np.array([0, 100]), unit="m", utc=True)
     visits = pd.DataFrame(
         {"history": [0, 0], "started_at": start, "finished_at": start + pd.Timedelta(minutes=60)}
-    ).assign(place=[2, 1], raw_place=[2, -1])
+    ).assign(place=[2, 1], raw_place=[2, -1], latitude=[39.95, 40.2], longitude=[116.35, 116.6])
     args = dict(
         model=RoutineRule(),
         profile=StoredProfile.from_frame(profile),
         num_places=NUM_PLACES,
-        centres=np.full((NUM_PLACES, 2), np.nan),
+        centres=CENTRES,
         popularity=np.ones(NUM_PLACES),
         timezone="UTC",
     )
