@@ -346,7 +346,8 @@ class RoutineData:
         targets: ``split -> (N,)`` the target place of each question.
         popularity: ``(V,)`` each place's visits in train (the fallback weights).
         unseen_places: the routine over extended ids (:mod:`nextloc.routine.unseen`).
-        unseen: ``split -> CandidateSet`` each question's places in that routine, known or not.
+        unseen: ``split -> CandidateSet`` each question's places in that routine, known or not (every
+            split but train).
     """
 
     routine: Routine
@@ -375,7 +376,8 @@ class RoutineData:
         for split, data in samples.items():
             ids = data.table.column("staypoint_id").to_numpy()
             candidates[split] = CandidateSet.build(routine, queries_for_targets(log, ids))
-            unseen[split] = CandidateSet.build(places.routine, queries_for_targets(places.log, ids))
+            if split != "train":  # the head is fit on validation and read on test: train's are never asked
+                unseen[split] = CandidateSet.build(places.routine, queries_for_targets(places.log, ids))
             targets[split] = data.target_np
         return cls(routine, candidates, targets, place_popularity(locations, num_places), places, unseen)
 
