@@ -29,6 +29,7 @@ from nextloc.config import PreprocessConfig
 from nextloc.evaluation.evaluate import model_scores
 from nextloc.models import build_model
 from nextloc.models.registry import training_recipe
+from nextloc.routine.counts import grouped_softmax
 from nextloc.routine.ranking import CandidateSet, RoutineData, RoutineRanker, candidate_mrr
 from nextloc.training.data import SampleTensors
 from nextloc.training.train import fit_model
@@ -67,10 +68,8 @@ def with_network(candidates: CandidateSet, log_p: np.ndarray) -> CandidateSet:
     q, place = candidates.query, candidates.place
     lp = log_p[q, place]
     rank = (log_p[q] > lp[:, None]).sum(axis=1)
-    top = np.full(candidates.n, -np.inf)
-    np.maximum.at(top, q, lp)
-    z = np.exp(lp - top[q])
-    share = z / np.bincount(q, weights=z, minlength=candidates.n)[q]
+    _, z, total = grouped_softmax(q, lp, candidates.n)
+    share = z / total[q]
     features = np.hstack([candidates.features, np.column_stack([lp, np.log1p(rank), share])])
     return CandidateSet(q, place, features, candidates.explore, candidates.n)
 

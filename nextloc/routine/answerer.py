@@ -16,7 +16,7 @@ from nextloc.preprocessing.staypoints import to_ns
 from nextloc.routine.features import Routine, VisitLog, queries_after_last, wall_minutes
 from nextloc.routine.profile import StoredProfile
 from nextloc.routine.ranking import CandidateScorer, CandidateSet, log_probabilities
-from nextloc.routine.unseen import StoredUnseen, UnseenPlaces, unseen_centres, unseen_share
+from nextloc.routine.unseen import StoredUnseen, UnseenPlaces, unseen_centres
 
 
 @dataclass(frozen=True)
@@ -86,16 +86,6 @@ class RoutineAnswerer:
 
     def _unseen_share(self, visits: pd.DataFrame, log: VisitLog, now: np.ndarray) -> np.ndarray:
         """``unseen_return_share`` of each question (users ascending, as ``queries_after_last``)."""
-        located = {"latitude", "longitude"} <= set(visits.columns)
-        coordinates = (
-            unseen_centres(visits["place"], visits["raw_place"], visits["latitude"], visits["longitude"])
-            if located
-            else None
-        )
-        places = UnseenPlaces.build(log, self.centres, coordinates, self.unseen)
+        places = UnseenPlaces.build(log, self.centres, unseen_centres(visits), self.unseen)
         candidates = CandidateSet.build(places.routine, queries_after_last(places.log, now))
-        is_unseen = candidates.place >= self.num_places
-        scores = self.model.scores(candidates)
-        return unseen_share(
-            candidates.query, scores, is_unseen, candidates.n, self.model.calibration.temperature
-        )
+        return places.share(candidates, self.model.scores(candidates), self.model.calibration.temperature)

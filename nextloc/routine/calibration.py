@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from nextloc.preprocessing.sequences import FIRST_PLACE
+from nextloc.routine.counts import grouped_softmax
 
 FALLBACK_MASS = 1e-3  # the fallback mass of an uncalibrated model (a state written before calibration)
 TEMPERATURE_BOUNDS = (0.05, 20.0)
@@ -98,10 +99,7 @@ def _temperature(candidates: CandidateSet, scores: np.ndarray, hit: np.ndarray) 
     rows = np.isin(q, q[hit])  # the candidates of the questions that have their target
 
     def loss(log_t: float) -> float:
-        z = scores[rows] / np.exp(log_t)
-        top = np.full(candidates.n, -np.inf)
-        np.maximum.at(top, q[rows], z)
-        total = np.bincount(q[rows], weights=np.exp(z - top[q[rows]]), minlength=candidates.n)
+        top, _, total = grouped_softmax(q[rows], scores[rows] / np.exp(log_t), candidates.n)
         norm = np.log(np.maximum(total, 1e-300))
         return float(-(scores[hit] / np.exp(log_t) - top[q[hit]] - norm[q[hit]]).mean())
 

@@ -175,6 +175,19 @@ def rank_within(group: np.ndarray, value: np.ndarray) -> np.ndarray:
     return rank
 
 
+def grouped_softmax(
+    group: np.ndarray, scores: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A softmax of ``scores`` within each of ``n`` groups, as its parts: ``(top, z, total)``, each group's
+    largest score ``(n,)`` (-inf for an empty group), each row's ``exp(score - top[group])`` ``(R,)`` and each
+    group's sum of those ``(n,)``. The softmax is ``z / total[group]``, its log
+    ``scores - top[group] - log(total[group])``."""
+    top = np.full(n, -np.inf)
+    np.maximum.at(top, group, scores)
+    z = np.exp(scores - top[group])
+    return top, z, np.bincount(group, weights=z, minlength=n)
+
+
 def first_of_pairs(first: np.ndarray, second: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, ...]:
     """Each ``(first, second)`` pair's earliest ``start``, pairs ascending: ``(first, second, start)`` (as a
     pandas ``groupby([first, second], sort=True).min()``, without pandas: a request's few rows)."""

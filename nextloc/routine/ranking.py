@@ -35,6 +35,7 @@ import pandas as pd
 from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.preprocessing.vocabulary import place_centres, place_popularity
 from nextloc.routine.calibration import Calibration
+from nextloc.routine.counts import grouped_softmax
 from nextloc.routine.features import (
     CANDIDATE_FEATURES,
     Queries,
@@ -43,7 +44,7 @@ from nextloc.routine.features import (
     queries_for_targets,
 )
 from nextloc.routine.trees import TreeEnsemble
-from nextloc.routine.unseen import UnseenPlaces, unseen_centres, unseen_share
+from nextloc.routine.unseen import UnseenPlaces, unseen_centres
 
 if TYPE_CHECKING:
     from nextloc.training.data import SampleTensors
@@ -325,10 +326,7 @@ def log_probabilities(
     has = np.bincount(candidates.query, minlength=candidates.n) > 0
     q, place = candidates.query, candidates.place
     if len(q):
-        top = np.full(candidates.n, -np.inf)
-        np.maximum.at(top, q, scores)
-        z = np.exp(scores - top[q])
-        denominator = np.bincount(q, weights=z, minlength=candidates.n)
+        top, _, denominator = grouped_softmax(q, scores, candidates.n)
         rest = fallback.sum() - np.bincount(q, weights=fallback[place], minlength=candidates.n)
         out[has] += np.log(mass) + np.log(fallback.sum()) - np.log(np.maximum(rest[has], 1e-12))[:, None]
         out[q, place] = np.log1p(-mass) + scores - top[q] - np.log(denominator[q])
@@ -371,7 +369,9 @@ class RoutineData:
         log = VisitLog.from_staypoints(staypoints, timezone)
         centres = place_centres(locations, num_places)
         routine = Routine(log, num_places, centres)
-        places = UnseenPlaces.build(log, centres, _unseen_centres(staypoints))
+        places = UnseenPlaces.build(
+            log, centres, unseen_centres(staypoints, "location_id", "raw_location_id")
+        )
         candidates, targets, unseen = {}, {}, {}
         for split, data in samples.items():
             ids = data.table.column("staypoint_id").to_numpy()
@@ -435,21 +435,8 @@ class RoutineData:
         the new-place head's routine inputs."""
         places = self.unseen[split]
         scores = model.scores(places) if scores is None else scores
-        is_unseen = places.place >= self.unseen_places.num_places
-        share = unseen_share(places.query, scores, is_unseen, places.n, model.calibration.temperature)
+        share = self.unseen_places.share(places, scores, model.calibration.temperature)
         return np.column_stack([self.candidates[split].explore, share])
-
-
-def _unseen_centres(staypoints: pd.DataFrame) -> np.ndarray | None:
-    """The staypoints' unseen places' centres (None: staypoints without coordinates)."""
-    if not {"latitude", "longitude"} <= set(staypoints.columns):
-        return None
-    return unseen_centres(
-        staypoints["location_id"].to_numpy(np.int64),
-        staypoints["raw_location_id"].to_numpy(np.int64),
-        staypoints["latitude"],
-        staypoints["longitude"],
-    )
 
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:

@@ -20,17 +20,28 @@ unseen places it holds and their centres: a request's own unseen places get the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
 from nextloc.preprocessing.sequences import UNSEEN
+from nextloc.routine.counts import grouped_softmax
 from nextloc.routine.features import Routine, VisitLog
 from nextloc.routine.profile import StoredProfile
 
 REQUEST_CAPACITY = 4096  # places outside the vocabulary one request may add to a stored profile's
 PREFIX = "unseen:"  # the profile table's indexes of this routine
 CENTRES_INDEX = "centres"  # one row per unseen place the profile holds: key its id, count/total its lat/lon
+
+
+class Candidates(Protocol):
+    """What :meth:`UnseenPlaces.share` reads of a :class:`nextloc.routine.ranking.CandidateSet` (which
+    imports this module)."""
+
+    query: np.ndarray
+    place: np.ndarray
+    n: int
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,12 @@ class UnseenPlaces:
         profile = stored.profile if stored is not None else None
         return cls(Routine(extended, len(all_centres), all_centres, profile), int(num_places), int(held))
 
+    def share(self, candidates: Candidates, scores: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+        """``unseen_return_share`` of each question of ``candidates`` (this routine's, scored ``scores``):
+        :func:`unseen_share` of its places outside the vocabulary."""
+        is_unseen = candidates.place >= self.num_places
+        return unseen_share(candidates.query, scores, is_unseen, candidates.n, temperature)
+
     @property
     def log(self) -> VisitLog:
         """The visits with extended place ids: ask :func:`~nextloc.routine.features.queries_for_targets` (or
@@ -113,18 +130,17 @@ class UnseenPlaces:
         return pd.concat([table, centres.assign(last=np.nan)], ignore_index=True)
 
 
-def unseen_centres(place: np.ndarray, raw_place: np.ndarray, latitude, longitude) -> np.ndarray:
-    """``(K, 2)`` the mean latitude/longitude of each place outside the vocabulary (``place == 1``), by
-    ascending ``raw_place``: :meth:`UnseenPlaces.build`'s ``unseen_centres``."""
-    unseen = np.asarray(place) == UNSEEN
-    frame = pd.DataFrame(
-        {
-            "raw": np.asarray(raw_place)[unseen],
-            "lat": np.asarray(latitude, dtype=np.float64)[unseen],
-            "lon": np.asarray(longitude, dtype=np.float64)[unseen],
-        }
-    )
-    return frame.groupby("raw", sort=True)[["lat", "lon"]].mean().to_numpy()
+def unseen_centres(
+    visits: pd.DataFrame, place: str = "place", raw_place: str = "raw_place"
+) -> np.ndarray | None:
+    """``(K, 2)`` the mean ``latitude``/``longitude`` of each place outside the vocabulary (column ``place``
+    1) of ``visits``, by ascending ``raw_place``: :meth:`UnseenPlaces.build`'s ``unseen_centres`` (None:
+    visits without coordinates)."""
+    if not {"latitude", "longitude"} <= set(visits.columns):
+        return None
+    unseen = visits[visits[place].to_numpy() == UNSEEN]
+    coordinates = unseen[["latitude", "longitude"]].astype(np.float64)
+    return coordinates.groupby(unseen[raw_place].to_numpy(), sort=True).mean().to_numpy()
 
 
 def join_profiles(routine: pd.DataFrame, unseen: pd.DataFrame) -> pd.DataFrame:
@@ -159,9 +175,5 @@ def unseen_share(
     query = np.asarray(query, dtype=np.int64)
     if not len(query):
         return np.zeros(n)
-    scores = np.asarray(scores, dtype=np.float64) / temperature
-    top = np.full(n, -np.inf)
-    np.maximum.at(top, query, scores)
-    z = np.exp(scores - top[query])
-    total = np.bincount(query, weights=z, minlength=n)
+    _, z, total = grouped_softmax(query, np.asarray(scores, dtype=np.float64) / temperature, n)
     return np.bincount(query, weights=z * is_unseen, minlength=n) / np.maximum(total, 1e-300)

@@ -211,11 +211,12 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
     )
     selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
     val_answers = data.log_probabilities(selection, "val")
-    model, head_val, val_explore = selection, val_answers, data.explore(selection, "val")
     if kind == "ranker_refit":  # its head reads validation's cross-fitted answers (RoutineData.refit)
         model, cross_fit = data.refit(selection)
         head_val = data.log_probabilities(model, "val", cross_fit[0])
         val_explore = data.explore(model, "val", cross_fit[1])
+    else:
+        model, head_val, val_explore = selection, val_answers, data.explore(selection, "val")
 
     def rows_of(answers: np.ndarray):
         answers_t = torch.from_numpy(answers)

@@ -55,7 +55,10 @@ def make_log(rows: list[tuple[int, int, int]], user: int = 1, first_raw: int = 1
 
 def centres_of(log: VisitLog) -> np.ndarray:
     """Each unseen place of ``log`` somewhere of its own (by its raw id)."""
-    return unseen_centres(log.place, log.raw_place, 40.0 + log.raw_place / 1e3, 116.0 + log.raw_place / 1e3)
+    visits = pd.DataFrame({"place": log.place, "raw_place": log.raw_place})
+    return unseen_centres(
+        visits.assign(latitude=40.0 + log.raw_place / 1e3, longitude=116.0 + log.raw_place / 1e3)
+    )
 
 
 def shares(places: UnseenPlaces, queries) -> np.ndarray:
@@ -63,8 +66,7 @@ def shares(places: UnseenPlaces, queries) -> np.ndarray:
     request's first visit is reached by a move from the profile's last, which neither counts)."""
     candidates = CandidateSet.build(places.routine, queries)
     rule = RoutineRule({"n_window": 1.0, "share_place": 1.0, "share_slot": 1.0, "is_current": 1.0})
-    is_unseen = candidates.place >= NUM_PLACES
-    return unseen_share(candidates.query, rule.scores(candidates), is_unseen, candidates.n)
+    return places.share(candidates, rule.scores(candidates))
 
 
 def test_the_share_is_the_softmax_mass_of_the_unseen_candidates() -> None:
@@ -88,6 +90,8 @@ def test_each_unseen_place_is_a_candidate_of_its_own_with_its_centre() -> None:
     assert candidates.column("n_transition").tolist() == [0.0, 1.0, 1.0]
     # their distances from home are known: each has the centre of its visits
     assert np.isfinite(candidates.column("log_km")).all()
+    # visits without coordinates give no centres: the distances to those places are unknown (NaN)
+    assert unseen_centres(pd.DataFrame({"place": [1], "raw_place": [100]})) is None
 
 
 unseen_rows = st.lists(
