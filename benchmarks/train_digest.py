@@ -5,11 +5,13 @@
 trains tiny models with :func:`nextloc.training.train.fit_model` (one intra-op thread, CPU) on small synthetic
 samples (a user cycles through the locations; the same samples on every machine) for a few epochs with each
 recipe, and prints JSON: per setup the sha256 of the final weights (state-dict tensors' bytes, keys sorted),
-the best epoch, the epoch count and the history, with the CPU capability torch ran on
-(``torch.backends.cpu.get_cpu_capability()``: the kernels, hence the last bits, depend on it).
+the best epoch, the epoch count and the history, with the kernels they ran on
+(:func:`nextloc.training.kernels.kernel_fingerprint`: the CPU, torch's and NumPy's builds and dispatch, the
+overrides; the last bits depend on all of it).
 
-A refactoring of the training loop must leave these unchanged; ``tests/nextloc/test_train.py`` pins them
-from ``benchmarks/results/train-digest-after.json``.
+A refactoring of the training loop must leave these unchanged; ``tests/nextloc/training/test_train.py``
+pins them from ``benchmarks/results/train-digest-after.json``: bit for bit where the kernels are the
+recorded ones, within a tolerance elsewhere.
 """
 
 from __future__ import annotations
@@ -118,12 +120,11 @@ def run_setup(name: str) -> dict[str, Any]:
 
 
 def digests(names: list[str] | None = None) -> dict[str, Any]:
-    """The JSON document: the CPU capability and each setup's result."""
-    import torch
+    """The JSON document: the kernels and each setup's result."""
+    from nextloc.training.kernels import kernel_fingerprint
 
     return {
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch": torch.__version__,
+        "kernels": kernel_fingerprint(),
         "runs": {name: run_setup(name) for name in names or list(SETUPS)},
     }
 

@@ -100,6 +100,7 @@ def train_model_task(
     from nextloc.training import (
         fit_kind,  # torch: only when a model trains (a cached run reads its result back)
     )
+    from nextloc.training.kernels import describe_device
 
     logger = get_run_logger()
     registry.kind(kind)  # an unknown kind fails here, before any work
@@ -108,10 +109,13 @@ def train_model_task(
     # side by side in processes; on one core each, the trainer's helper threads use the spare ones.
     threads = None if "num_threads" in train_overrides else int(os.environ.get("NEXTLOC_TORCH_THREADS", "1"))
     dev = fit_kind.training_device(device, threads)
+    where = describe_device(dev)
+    logger.info("%s seed %d trains on %s", kind, seed, where)
     meta = json.loads(Path(data.metadata.path).read_text())
     splits = fit_kind.load_splits({s: Path(data.samples[s].path) for s in SPLITS}, dev)
     experiment_id = tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint, "data_dir": data.data_dir}
+    tags["device"] = where
     catalog = Catalog(data.data_dir)
     run_dir = catalog.run_dir(kind, seed)
     with tracking.training_run(experiment_id, kind, seed, tags, parent_run_id) as run_id:

@@ -45,6 +45,15 @@ os.environ.setdefault("NEXTLOC_LOCAL_API_IDLE_S", "120")
 os.environ["NEXTLOC_MAP_TILES"] = "off"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--digests",
+        default=str(REPO / "benchmarks" / "results" / "train-digest-after.json"),
+        help="the recording of the recipes' results to hold training to (benchmarks/train_digest.py's JSON): "
+        "bit for bit where its kernels are this process's, within a tolerance elsewhere",
+    )
+
+
 def require_data(path: Path, what: str) -> Path:
     """Return ``path``; if it is missing, fail in CI (where the data must be) and skip elsewhere."""
     if path.exists():
