@@ -3,7 +3,14 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# torch's build: PyPI's CUDA build of the pinned version where `nvidia-smi -L` lists a GPU, else the local
+# CPU wheel ($$PIP_FIND_LINKS); NEXTLOC_TORCH=cpu|cuda decides instead (docs/performance.md).
+NEXTLOC_TORCH ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo cuda || echo cpu)
+TORCH_BUILD := $(NEXTLOC_TORCH)
+ifeq ($(filter cpu cuda,$(TORCH_BUILD)),)
+$(error NEXTLOC_TORCH=$(TORCH_BUILD): expected cpu or cuda)
+endif
+STAMP := $(VENV)/.installed-$(TORCH_BUILD)
 # Telemetry off for every tool make runs (make starts before Python; the one Python home of these
 # variables is flows.OFFLINE_DEFAULTS in flows/__init__.py: keep the two in step).
 export DO_NOT_TRACK := true
@@ -11,7 +18,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_DISABLE_TELEMETRY := true
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 
-.PHONY: install system-deps raw-data run test test-fast lint format bench clean services services-stop services-status
+.PHONY: install torch-plan system-deps raw-data run test test-kernels test-fast lint format bench clean services services-stop services-status
 
 install: system-deps $(STAMP)  ## create .venv and install nextloc with its pinned stack (CPU torch)
 
@@ -37,27 +44,38 @@ system-deps:
 	  fi; \
 	fi
 
-# uv installs the pinned set in about 10 s (8.3 s from a fresh clone here) where pip takes 1 to 2 min; pip is the fallback. torch goes first,
-# pinned: the local +cpu wheel ($$PIP_FIND_LINKS, which pip reads and uv is given); a looser spec, or uv
-# without the find-links, downloads a multi-GB CUDA build. Bytecode: where PYTHONDONTWRITEBYTECODE is set
-# (many containers, this CI) nothing would ever be cached, and every command and worker process compiled its
-# imports again (a cached run 13 s, not 7). The targets below unset it, so Python caches the bytecode of
-# what is imported, once, as it does by default; compiling every installed file at install took about 20 s.
+# uv installs the pinned set in about 10 s (8.3 s from a fresh clone here) where pip takes 1 to 2 min; pip is the fallback.
+# torch goes first, pinned. CPU: the local +cpu wheel ($$PIP_FIND_LINKS, which pip reads and uv is given); a
+# looser spec, or uv without the find-links, downloads a multi-GB CUDA build. CUDA: the same version from
+# PyPI, whose Linux wheel is the CUDA build (never the local +cpu one). A stamp per build: switching reinstalls torch.
+# Bytecode: where PYTHONDONTWRITEBYTECODE is set (many containers, this CI) nothing would ever be cached, and
+# every command and worker process compiled its imports again (a cached run 13 s, not 7). The targets below
+# unset it, so Python caches the bytecode of what is imported, once, as it does by default; compiling every
+# installed file at install took about 20 s.
 unexport PYTHONDONTWRITEBYTECODE
-UV := VIRTUAL_ENV=$(VENV) $(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt
+UV_PIP := VIRTUAL_ENV=$(VENV) $(BIN)/uv pip install --python $(BIN)/python -c constraints.txt
+UV := $(UV_PIP) -q
+TORCH_FROM := $(if $(filter cpu,$(TORCH_BUILD)),$(if $(PIP_FIND_LINKS),--find-links "$(PIP_FIND_LINKS)"))
+TORCH_PIP_ENV := $(if $(filter cuda,$(TORCH_BUILD)),env -u PIP_FIND_LINKS)
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	rm -f $(VENV)/.installed*
 	if $(BIN)/python -m pip install -q -c constraints.txt uv \
-	    && $(UV) $${PIP_FIND_LINKS:+--find-links "$$PIP_FIND_LINKS"} torch \
+	    && $(UV) $(TORCH_FROM) --reinstall-package torch torch \
 	    && $(UV) -e '.[dev,dask]'; then \
 	  echo "installed with uv"; \
 	else \
 	  echo "uv could not install: installing with pip"; \
-	  $(BIN)/python -m pip install -q -c constraints.txt torch \
+	  $(TORCH_PIP_ENV) $(BIN)/python -m pip install -q -c constraints.txt --force-reinstall torch \
 	    && $(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,dask]'; \
 	fi
 	$(BIN)/python -m pip check
+	$(BIN)/python -c 'import torch; print(f"torch {torch.__version__}: CUDA {torch.version.cuda}, GPU available: {torch.cuda.is_available()}")'
 	touch $(STAMP)
+
+torch-plan:  ## which torch build `make install` takes on this machine, and what uv would install for it (a dry run)
+	@echo "torch build: $(TORCH_BUILD)"
+	$(UV_PIP) --dry-run $(TORCH_FROM) --reinstall-package torch torch
 
 # The raw data is unpacked while the install runs (python -m nextloc.raw.rawdata needs only the standard
 # library; it never downloads and always exits 0: the job finds, fetches or reports the data itself).
@@ -74,6 +92,26 @@ TEST_WORKERS ?= 2
 test: install  ## lint + the whole test suite (full-data tests run when ../shared has the GeoLife archive)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+
+# The numeric tests on other CPU kernels: torch's dispatch at each capability (ATEN_CPU_CAPABILITY), then
+# oneDNN, MKL and NumPy held to AVX2 under the native capability name; then the recipes against a recording
+# made on another Xeon that reports the same capability (the tolerant path). KERNEL_RUNS picks the runs
+# (CI: `default avx2 held`, after make test has run them natively).
+KERNEL_RUNS ?= native default avx2 held
+KERNEL_TESTS ?= tests/nextloc
+test-kernels: install  ## the library's tests under other CPU kernels (about 2.5 min a run on 2 cores)
+	@set -e; for run in $(KERNEL_RUNS); do \
+	  case $$run in \
+	    native) settings=();; \
+	    default|avx2) settings=(ATEN_CPU_CAPABILITY=$$run);; \
+	    held) settings=(DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 "NPY_DISABLE_CPU_FEATURES=X86_V4 AVX512_ICL AVX512_SPR");; \
+	    *) echo "KERNEL_RUNS: unknown run '$$run' (native, default, avx2, held)" >&2; exit 2;; \
+	  esac; \
+	  echo "== kernels: $$run $${settings[*]}"; \
+	  env "$${settings[@]}" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(KERNEL_TESTS); \
+	done
+	$(BIN)/python -m pytest -q tests/nextloc/training/test_train.py -k recorded \
+	  --digests tests/golden/train-digest-another-xeon.json
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"
