@@ -86,5 +86,6 @@ def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return f"cuda:{index} ({torch.cuda.get_device_name(index)}, torch {torch.__version__})"
+    threads = torch.get_num_threads()
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"cpu ({torch.get_num_threads()} intra-op threads, {capability}, torch {torch.__version__})"
+    return f"cpu ({threads} thread{'s' * (threads != 1)}, {capability}, torch {torch.__version__})"
