@@ -28,10 +28,10 @@ import torch
 from nextloc.config import PreprocessConfig
 from nextloc.evaluation.evaluate import model_scores
 from nextloc.models import build_model
+from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.routine.counts import grouped_softmax
 from nextloc.routine.ranking import CandidateSet, RoutineData, RoutineRanker, candidate_mrr
-from nextloc.training.data import SampleTensors
 from nextloc.training.train import fit_model
 
 NETWORK = "pointer_plus"

@@ -41,10 +41,10 @@ def step_rate(data_dir: Path, kind: str, variant: str, device: str, warmup: int,
     import torch
 
     from nextloc.models import build_model
+    from nextloc.models.batch import SampleTensors
     from nextloc.models.registry import kind as kind_entry
     from nextloc.models.registry import training_recipe
     from nextloc.training import optim
-    from nextloc.training.data import SampleTensors
     from nextloc.training.train import _loss, seed_everything
 
     dev = torch.device(device)

@@ -39,10 +39,10 @@ def recipe_step(
     import torch
 
     from nextloc.models import build_model
+    from nextloc.models.batch import SampleTensors
     from nextloc.models.dropout import PCG64Dropout, drawing_from
     from nextloc.models.registry import kind as kind_entry
     from nextloc.models.registry import training_recipe
-    from nextloc.training.data import SampleTensors
     from nextloc.training.train import _loss, seed_everything
 
     meta = json.loads((data_dir / "metadata.json").read_text())

@@ -2,7 +2,7 @@
 
     python benchmarks/reference_preprocess.py RAW_DIR OUT_DIR
 
-RAW_DIR holds ``Data/NNN/Trajectory/*.plt``. Follows docs/reference-protocol.md section 1 (steps 1-18): trackintel
+RAW_DIR holds ``Data/NNN/Trajectory/*.plt``. Follows ../shared/docs/reference-protocol.md section 1 (steps 1-18): trackintel
 end to end (read, sliding staypoints, triplegs, trips, tracking quality, DBSCAN locations, merging), then the
 reference's pandas idioms: groupby-apply for the time features and the split, a Python loop over 10-week windows for
 the user quality, and the O(n^2) ``iterrows`` loops for the valid target ids and for the samples (including the

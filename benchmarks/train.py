@@ -159,9 +159,9 @@ def _run(data_dir: Path, kind: str, seed: int, mode: str, epochs: int, device: s
 
     from nextloc.evaluation.evaluate import model_scores, score_split
     from nextloc.models import build_model, count_parameters
+    from nextloc.models.batch import SampleTensors
     from nextloc.models.registry import kind as kind_entry
     from nextloc.models.registry import training_recipe
-    from nextloc.training.data import SampleTensors
     from nextloc.training.train import fit_model, resolve_device
 
     meta = json.loads((data_dir / "metadata.json").read_text())
@@ -236,8 +236,8 @@ def _reference_loop(model, kind: str, data_dir: Path, seed: int, epochs: int) ->
     from torch.nn.utils.rnn import pad_sequence
     from torch.utils.data import DataLoader, Dataset
 
+    from nextloc.models.batch import Batch
     from nextloc.models.registry import training_recipe
-    from nextloc.training.data import Batch
 
     class Samples(Dataset):
         def __init__(self, path: Path) -> None:

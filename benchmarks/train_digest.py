@@ -94,9 +94,9 @@ def run_setup(name: str) -> dict[str, Any]:
     import torch
 
     from nextloc.models import build_model
+    from nextloc.models.batch import SampleTensors
     from nextloc.models.registry import kind as kind_entry
     from nextloc.models.registry import training_recipe
-    from nextloc.training.data import SampleTensors
     from nextloc.training.train import fit_model
 
     kind, overrides = SETUPS[name]

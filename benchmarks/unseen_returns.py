@@ -25,10 +25,10 @@ import torch
 from cross_fit import routine_data
 
 from nextloc.evaluation.evaluate import score_split
+from nextloc.models.batch import SampleTensors
 from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.routine.novelty import NewPlaceHead
 from nextloc.routine.ranking import RoutineData
-from nextloc.training.data import SampleTensors
 
 FOLDS, REPEATS = 5, 3
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from flows.serve import WORK_POOL
 from nextloc.config import PreprocessConfig, flatten, load_config
 from nextloc.io.inputs import INPUT_FORMATS
-from nextloc.io.trackintel_io import TRACKINTEL_FORMATS
+from nextloc.preprocessing.trackintel_export import TRACKINTEL_FORMATS
 from nextloc.raw.rawdata import DEFAULT_RAW_DIR
 from nextloc.synth import SYNTH_FORMATS
-from services.layout import WORK_POOL
 
 DEFAULT_DATA_DIR = "data/geolife"
 

@@ -376,7 +376,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from nextloc.io.trackintel_io import export_trackintel
+    from nextloc.preprocessing.trackintel_export import export_trackintel
     from tasks.catalog import Catalog
 
     catalog = Catalog(args.data_dir)

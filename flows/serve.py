@@ -30,7 +30,9 @@ import sys
 from pathlib import Path
 
 from flows import configure_environment
-from services.layout import WORK_POOL
+
+#: The process work pool the deployments run in (``$NEXTLOC_WORK_POOL``).
+WORK_POOL = os.environ.get("NEXTLOC_WORK_POOL", "nextloc")
 
 RETRAIN_CRON = os.environ.get("NEXTLOC_RETRAIN_CRON", "17 * * * *")
 #: The deployments' pull step: a flow run starts in its worker's project folder (set by ``nextloc worker``).

@@ -1,4 +1,4 @@
-"""A list column of a samples table as a right-padded array (numpy and pyarrow only: nextloc.training.data, which
+"""A list column of a samples table as a right-padded array (numpy and pyarrow only: nextloc.models.batch, which
 imports torch, and nextloc.predict.histories, which answers without it, both use it)."""
 
 from __future__ import annotations

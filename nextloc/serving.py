@@ -1,7 +1,7 @@
 """The registered models' format: packed histories in, probabilities out; weights and config as plain data.
 
-Registries want one array in and one array out. A history is packed into an int64 array ``(B, T, 6)``
-with the columns :data:`PACKED_FEATURES`, right-padded with 0; :class:`~nextloc.predict.packed.PackedScorer` turns
+Registries want one array in and one array out: packed histories (:mod:`nextloc.models.packed`, an int64
+array ``(B, T, 6)``); :class:`~nextloc.models.scorer.PackedScorer` turns
 it into ``(B, total_loc_num)`` probabilities (a routine kind answers visits instead: :mod:`nextloc.routine.ranking`).
 
 A trained model is stored as a *bundle*, a folder that can be read without trusting its author (nothing
@@ -14,7 +14,6 @@ ids mean). :func:`save_bundle` writes one, :func:`load_bundle` reads it back int
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,9 +33,8 @@ from nextloc.storage import write_json, write_parquet, write_with
 if TYPE_CHECKING:
     from torch import nn
 
-    from nextloc.predict.packed import PackedScorer
+    from nextloc.models.scorer import PackedScorer
 
-PACKED_FEATURES = ("location", "start_min", "weekday", "duration_min", "diff_days", "user")
 BUNDLE_FORMAT = 1
 BUNDLE_FILE = "bundle.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -45,45 +43,6 @@ PROFILE_FILE = "profile.parquet"  # a routine kind's users' profile: counts per 
 VOCABULARY_DIR = "vocabulary"
 BUNDLE_ARTIFACT = "bundle"  # the bundle's name among a registered model's artifacts
 DEFAULT_MATCH_RADIUS_M = 50.0
-
-
-def pack_histories(histories: Sequence[Mapping[str, Any]]) -> np.ndarray:
-    """Pack histories given as dicts of equal-length lists into a ``(B, T, 6)`` int64 array.
-
-    Each history has the keys ``location``, ``start_min``, ``weekday``, ``duration_min``, ``diff_days``
-    (lists, oldest first) and ``user`` (an int, the encoded user).
-
-    Raises:
-        ValueError: naming the history and the field that is missing or of the wrong length.
-
-    Examples:
-        >>> pack_histories([{"location": [5, 7], "start_min": [480, 1020], "weekday": [0, 0],
-        ...                  "duration_min": [540, 60], "diff_days": [0, 0], "user": 3}]).shape
-        (1, 2, 6)
-    """
-    if not histories:
-        raise ValueError("no history given")
-    width = 0
-    for i, hist in enumerate(histories):
-        for key in PACKED_FEATURES:
-            if key not in hist:
-                raise ValueError(f"history {i}: missing field {key!r}")
-        n = len(hist["location"])
-        if n == 0:
-            raise ValueError(f"history {i}: 'location' is empty")
-        for key in PACKED_FEATURES[1:5]:
-            if len(hist[key]) != n:
-                raise ValueError(
-                    f"history {i}: field {key!r} has {len(hist[key])} values, 'location' has {n}"
-                )
-        width = max(width, n)
-    out = np.zeros((len(histories), width, len(PACKED_FEATURES)), dtype=np.int64)
-    for i, hist in enumerate(histories):
-        n = len(hist["location"])
-        for j, key in enumerate(PACKED_FEATURES[:5]):
-            out[i, :n, j] = np.asarray(hist[key], dtype=np.int64)
-        out[i, :, 5] = int(hist["user"])
-    return out
 
 
 def top_k(probabilities: np.ndarray, k: int = 5) -> list[list[tuple[int, float]]]:
@@ -166,7 +125,7 @@ def save_bundle(
     if kind in ROUTINE_KINDS:
         spec = _save_routine(folder, kind, model, profile, locations)
     else:
-        from nextloc.predict.packed import save_network  # torch: networks and baselines only
+        from nextloc.models.scorer import save_network  # torch: networks and baselines only
 
         spec = save_network(folder / WEIGHTS_FILE, kind, model)
     write_json(
@@ -254,7 +213,7 @@ def load_bundle(folder: Path) -> ModelBundle:
     if model_spec["family"] == "routine":
         routine = _load_routine(folder, kind, model_spec, preprocess, vocab["locations"])
         return ModelBundle(scorer=None, routine=routine, **common)
-    from nextloc.predict.packed import load_network  # torch: networks and baselines only
+    from nextloc.models.scorer import load_network  # torch: networks and baselines only
 
     scorer = load_network(weights, kind, model_spec, preprocess.samples.duration_cap_min, spec_path)
     return ModelBundle(scorer=scorer, **common)

@@ -14,8 +14,6 @@ MLFLOW_DB = "nextloc_mlflow"
 DB_USER = "nextloc"
 #: Stop order: the worker first, PostgreSQL last (everything else talks to it).
 SERVICE_NAMES = ("worker", "mlflow", "prefect-server", "postgres")
-#: The process work pool the deployments run in (``$NEXTLOC_WORK_POOL``).
-WORK_POOL = os.environ.get("NEXTLOC_WORK_POOL", "nextloc")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from flows import OFFLINE_DEFAULTS
-from services.layout import MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, WORK_POOL, Services
+from flows.serve import WORK_POOL
+from services.layout import MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
 from services.postgres import ensure_databases, start_postgres
 from services.processes import (
     launch,

@@ -67,10 +67,10 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
     """A registered model's log-probabilities for the samples of one split of a dataset in the model's ids,
     and (routine kinds) their explore features. A routine kind reads the dataset's staypoints: every
     question's whole past."""
-    import torch  # torch, nextloc.training.data, nextloc.evaluation.evaluate: evaluating, not answering
+    import torch  # torch, nextloc.models.batch, nextloc.evaluation.evaluate: evaluating, not answering
 
-    from nextloc.evaluation.evaluate import pack_batch
-    from nextloc.training.data import SampleTensors
+    from nextloc.models.batch import SampleTensors
+    from nextloc.models.packed import pack_batch
 
     if bundle.routine is None:
         return lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), None
@@ -99,8 +99,8 @@ def evaluate_registered(
     from the model's own new-place head, fit on validation when it was trained; with a head, the answer sets'
     coverage and size, :data:`nextloc.evaluation.metrics.SET_KEYS`)."""
     from nextloc.evaluation.evaluate import score_split, without_copies
+    from nextloc.models.batch import SampleTensors  # torch: evaluating, not answering
     from nextloc.raw.duplicates import copied_samples
-    from nextloc.training.data import SampleTensors  # torch: evaluating, not answering
 
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")

@@ -7,7 +7,7 @@ trained on this dataset reads them as they are; one trained on earlier data read
 own location and user ids (``nextloc.preprocessing.vocabulary``; locations it never saw are new to it, like any unseen
 test location). The alias moves only if the challenger is better by at least ``min_effect`` points of the
 decision metric (a place metric by default) *and* a paired bootstrap over the samples gives ``p < alpha``
-(:func:`nextloc.evaluation.evaluate.champion_decision`). The test, the p-value, the per-user-group differences (users
+(:func:`nextloc.evaluation.champion.champion_decision`). The test, the p-value, the per-user-group differences (users
 whose data changed since the champion was trained, unchanged users, new users) and the decision are
 recorded on the MLflow parent run, the challenger's run and the challenger's registry version
 (:func:`tasks.versions.record_decision`). A new champion's run also gets its answers for a few test users
@@ -184,8 +184,9 @@ def score_champion(
     Cached on the version, its run, the samples' fingerprints, the metric, the radius and the code.
     """
     # torch: only when a champion is scored (a cached run reads the score back)
-    from nextloc.evaluation.evaluate import pack_batch, score_split
-    from nextloc.training.data import SampleTensors
+    from nextloc.evaluation.evaluate import score_split
+    from nextloc.models.batch import SampleTensors
+    from nextloc.models.packed import pack_batch
     from tasks.evaluate import load_registered, registered_scores
 
     tags = tracking.run_tags(run_id)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from nextloc.io.geolife import IngestReport
-    from nextloc.training.data import SampleTensors
+    from nextloc.models.batch import SampleTensors
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -153,7 +153,7 @@ def build_samples_table(users: list[int], histories: list[list[int]], targets: l
 def make_samples() -> Callable[..., SampleTensors]:
     """Factory: ``make_samples(users=..., histories=..., targets=...)`` -> a small :class:`SampleTensors`
     split built by :func:`build_samples_table`."""
-    from nextloc.training.data import SampleTensors
+    from nextloc.models.batch import SampleTensors
 
     def make(users: list[int], histories: list[list[int]], targets: list[int]) -> SampleTensors:
         return SampleTensors(build_samples_table(users, histories, targets))

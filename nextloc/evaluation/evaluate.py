@@ -18,9 +18,9 @@ from torch import nn
 
 from nextloc.evaluation.metrics import DEDUP_KEYS, SET_LEVELS, reliability, set_metrics, set_outcomes
 from nextloc.evaluation.tensor_metrics import MetricAccumulator
+from nextloc.models.batch import Batch, SampleTensors, by_length
 from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.routine.novelty import FEATURE_SETS, FEATURES, NewPlaceHead, novelty_features, with_new_place
-from nextloc.training.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch, SampleTensors, by_length
 
 ScoreFn = Callable[[Batch], torch.Tensor]
 
@@ -239,24 +239,3 @@ def without_copies(per_sample: pd.DataFrame, copied: np.ndarray) -> dict[str, fl
     }
     out["n_test_dedup"] = len(kept)
     return out
-
-
-# --------------------------------------------------------------------------- #
-# packed histories (the registered models' input)
-# --------------------------------------------------------------------------- #
-
-
-def pack_batch(batch: Batch) -> torch.Tensor:
-    """A :class:`Batch` back into the packed ``(B, T, 6)`` form (see :mod:`nextloc.serving`)."""
-    user = batch.user[:, None].expand_as(batch.loc)
-    return torch.stack(
-        [
-            batch.loc,
-            batch.time * TIME_SLOT_MIN,
-            batch.weekday,
-            batch.duration * DURATION_BIN_MIN,
-            batch.diff,
-            user,
-        ],
-        dim=-1,
-    )

@@ -24,8 +24,8 @@ from nextloc.evaluation.metrics import (
     rank_metrics,
     weighted_f1,
 )
+from nextloc.models.batch import Batch, SampleTensors
 from nextloc.preprocessing.sequences import FIRST_PLACE
-from nextloc.training.data import Batch, SampleTensors
 
 
 def target_ranks(scores: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,7 +263,7 @@ def evaluate_scores(
     """Score a whole split batch by batch (under ``torch.no_grad``) and compute its metrics.
 
     Args:
-        score_fn: maps a :class:`~nextloc.training.data.Batch` to ``(B, V)`` scores (put a model in eval mode first).
+        score_fn: maps a :class:`~nextloc.models.batch.Batch` to ``(B, V)`` scores (put a model in eval mode first).
         data: the split.
         batch_size: samples per batch (in split order, no shuffling).
 

@@ -5,5 +5,4 @@
 - :mod:`~nextloc.io.tabular`: CSV and parquet positionfixes or visits, streamed; :mod:`~nextloc.io.gpx`: GPX.
 - :mod:`~nextloc.io.visits`: the visit and positionfix schema, how times and numbers are read.
 - :mod:`~nextloc.io.geoparquet`: the ``geo`` metadata of outputs with coordinates.
-- :mod:`~nextloc.io.trackintel_io`: a preprocessed dataset exported as trackintel's models.
 """

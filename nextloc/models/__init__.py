@@ -1,13 +1,17 @@
 """Next-location models, built from their entries in the kind registry (:mod:`nextloc.models.registry`).
 
-Every model takes a frozen config dataclass, consumes a :class:`nextloc.training.data.Batch` and returns
+Every model takes a frozen config dataclass, consumes a :class:`nextloc.models.batch.Batch` and returns
 ``(B, total_loc_num)`` scores over the whole location vocabulary (ids 0 and 1 included, nothing masked):
 logits or log-probabilities, as its entry's ``log_prob_output`` says.
 
 This package imports no torch: the registry names the networks by ``"module:Class"``
 (:attr:`~nextloc.models.registry.Kind.model_class` imports one when a model is built) and the configs live
 in :mod:`nextloc.models.configs`. The networks themselves are :mod:`nextloc.models.mhsa`,
-:mod:`nextloc.models.lstm`, :mod:`nextloc.models.pointer` and :mod:`nextloc.models.ensemble`.
+:mod:`nextloc.models.lstm`, :mod:`nextloc.models.pointer` and :mod:`nextloc.models.ensemble`. What they read
+is :mod:`nextloc.models.batch` (a split's samples as device tensors, a :class:`~nextloc.models.batch.Batch` per
+step); each kind's training recipe is a :class:`~nextloc.models.train_config.TrainConfig`. A registered model reads
+packed histories (:mod:`nextloc.models.packed`, the format's one home) through
+:class:`~nextloc.models.scorer.PackedScorer` (:mod:`nextloc.models.scorer`: its weights in a bundle).
 """
 
 from __future__ import annotations

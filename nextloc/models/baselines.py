@@ -1,7 +1,7 @@
 """Non-neural baselines: a first-order Markov chain, most-frequent-in-history and last location.
 
 Each baseline is built with the vocabulary size ``V`` (``total_loc_num``), fitted with ``fit(train)`` and
-scores a :class:`~nextloc.training.data.Batch` with ``scores(batch) -> (B, V)`` float32 on the batch's device, so it is
+scores a :class:`~nextloc.models.batch.Batch` with ``scores(batch) -> (B, V)`` float32 on the batch's device, so it is
 evaluated with :func:`nextloc.evaluation.tensor_metrics.evaluate_scores` like any model::
 
     markov = MarkovBaseline(total_loc_num).fit(train)
@@ -20,7 +20,7 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from nextloc.training.data import Batch, SampleTensors
+from nextloc.models.batch import Batch, SampleTensors
 
 # V2 markov1st.py: logits = log(p + 1e-10) for candidates, -1e9 elsewhere.
 MARKOV_EPS = 1e-10

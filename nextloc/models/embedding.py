@@ -1,7 +1,7 @@
 """Pieces shared by the models: sinusoidal tables, the MHSA/LSTM input embedding, the residual FC head,
 a masked Transformer encoder layer, and parameter initialisation.
 
-Everything here works batch-first (``(B, T, ...)``) on :class:`nextloc.training.data.Batch` tensors, creates its
+Everything here works batch-first (``(B, T, ...)``) on :class:`nextloc.models.batch.Batch` tensors, creates its
 masks on the input's device, and is safe under ``torch.autocast`` (fp16/bf16): masked attention scores
 use a large finite negative and the softmax is taken in float32.
 """
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nextloc.models.batch import Batch
 from nextloc.models.dropout import Dropout
-from nextloc.training.data import Batch
 
 # Reference feature vocabularies (ML embed.py): time = start_min // 15 is split into hour and quarter.
 QUARTERS_PER_HOUR = 4

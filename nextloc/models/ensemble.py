@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from nextloc.training.data import Batch
+from nextloc.models.batch import Batch
 
 
 class SeedEnsemble(nn.Module):

@@ -8,7 +8,7 @@ every location id. The GeoLife reference configuration (emb 32, hidden 128) has 
 The reference packs the padded batch (``pack_padded_sequence``) and reads ``h_n``. Here the LSTM runs once
 over the whole padded batch (one fused oneDNN/cuDNN call) and the top layer's output is read at each
 sequence's last real step: padding only follows a sequence's real steps, so it never reaches that output,
-and the two give the same states up to float rounding (``tests/nextloc/test_models.py``). Kept because the
+and the two give the same states up to float rounding (``tests/nextloc/models/test_models.py``). Kept because the
 packed path is a per-step loop on a CPU, several times slower than the fused call. In training, the
 dropout between the layers (inside ``nn.LSTM``) draws for the padded steps too, so its masks differ from
 the packed run's.
@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nextloc.models.batch import Batch
 from nextloc.models.configs import LSTMConfig
 from nextloc.models.embedding import ContextEmbedding, ResidualHead, last_valid
-from nextloc.training.data import Batch
 
 
 class LSTMModel(nn.Module):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nextloc.models.batch import Batch
 from nextloc.models.configs import MHSAConfig
 from nextloc.models.embedding import (
     ContextEmbedding,
@@ -20,7 +21,6 @@ from nextloc.models.embedding import (
     valid_mask,
     xavier_init,
 )
-from nextloc.training.data import Batch
 
 
 class MHSA(nn.Module):

@@ -45,9 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nextloc.models.batch import Batch
 from nextloc.models.configs import PointerConfig
 from nextloc.models.embedding import MaskedEncoderLayer, last_valid, sinusoidal_table, valid_mask, xavier_init
-from nextloc.training.data import Batch
 
 # Reference embedding vocabularies (inputs are clamped into them).
 TIME_VOCAB = 97  # start_min // 15 in 0..95, + 1 spare

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from nextloc.models.configs import LSTMConfig, MHSAConfig, PointerConfig
-from nextloc.training.train_config import TrainConfig, explain
+from nextloc.models.train_config import TrainConfig, explain
 
 Family = Literal["neural", "ensemble", "baseline", "routine"]
 FAMILIES: tuple[Family, ...] = ("neural", "ensemble", "baseline", "routine")
@@ -288,14 +288,9 @@ def training_recipe(name: str, /, **overrides: Any) -> TrainConfig:
 
     Raises:
         ValueError: an unknown kind, or an override :class:`TrainConfig` rejects; one line per problem,
-            naming the option and the values it allows (:func:`nextloc.training.train_config.explain`).
+            naming the option and the values it allows (:func:`nextloc.models.train_config.explain`).
     """
     try:
         return TrainConfig.model_validate({**recipe_of(name).model_dump(), **overrides})
     except ValidationError as err:
         raise ValueError(explain(err, TrainConfig)) from None
-
-
-def help_lines() -> list[str]:
-    """``name (family): description`` per kind, for help text."""
-    return [f"{k.name} ({k.family}): {k.description}" for k in KINDS.values()]

@@ -3,11 +3,12 @@
 - :mod:`~nextloc.predict.answer`: the answers (:func:`~nextloc.predict.answer.predict_visits`).
 - :mod:`~nextloc.predict.history_reader`: reading what a person sends (visits, raw fixes, samples).
 - :mod:`~nextloc.predict.histories`: visits -> histories in the model's ids, as preprocessing builds them.
-- :mod:`~nextloc.predict.packed`: the bundle's torch side (packed histories for a network).
+- :mod:`~nextloc.predict.answer_set`: the fewest answers holding a probability (``--coverage``).
 
 Maps of the answers are :mod:`nextloc.maps`.
 
-The registered models' format is :mod:`nextloc.serving`. A model registered before the library was grouped
+The registered models' format is :mod:`nextloc.serving`; the packed histories a network reads,
+:mod:`nextloc.models.packed`. A model registered before the library was grouped
 in stages imports ``nextloc.predict.predict_visits``: it resolves here, on first use.
 """
 

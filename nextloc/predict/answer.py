@@ -106,7 +106,7 @@ def _network_scores(bundle: ModelBundle) -> Scores:
     and P(new place) (None without a new-place head), from a network or baseline's scorer."""
     import torch  # torch: networks and baselines only
 
-    from nextloc.predict.packed import packed_batch
+    from nextloc.models.packed import packed_batch
     from nextloc.routine.novelty import novelty_features
 
     def score(chunk: np.ndarray, rows: slice) -> tuple[np.ndarray, np.ndarray | None]:

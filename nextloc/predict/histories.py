@@ -35,12 +35,13 @@ import pyarrow as pa
 from nextloc.config import PreprocessConfig
 from nextloc.io.visits import HISTORY_ID
 from nextloc.lists import pad_lists
+from nextloc.models.packed import pack_columns
 from nextloc.predict.history_reader import RawHistory
 from nextloc.preprocessing.locations import merge_runs
 from nextloc.preprocessing.sequences import DAY_NS, FIRST_PLACE, UNSEEN, WallTimes, wall_clock_ns
 from nextloc.preprocessing.staypoints import activity_mask, to_ns
 from nextloc.preprocessing.vocabulary import nearest_locations
-from nextloc.serving import PACKED_FEATURES, ModelBundle
+from nextloc.serving import ModelBundle
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class Histories:
     """Histories in the model's ids, ready to score.
 
     Attributes:
-        packed: ``(B, T, 6)`` int64, :data:`nextloc.serving.PACKED_FEATURES`, right-padded with 0.
+        packed: ``(B, T, 6)`` int64, :data:`nextloc.models.packed.PACKED_FEATURES`, right-padded with 0.
         meta: one row per history (what the answer says about it: ``user_id``, ``known_user``, ``at``,
             ``visits_used``, ``new_place_visits``, ...), in the order of the input.
         visits: every visit of the request before each question (not only the window), for the routine
@@ -317,17 +318,33 @@ def _visits_per_history(h: np.ndarray, keys: _Keys, cfg: PreprocessConfig) -> np
 def _pack(
     stays: _Stays, diff: np.ndarray, lengths: np.ndarray, users: np.ndarray, cfg: PreprocessConfig
 ) -> np.ndarray:
-    """``(H, T, 6)`` in :data:`nextloc.serving.PACKED_FEATURES` order, right-padded with 0."""
+    """``(H, T, 6)`` packed histories (:mod:`nextloc.models.packed`), right-padded with 0."""
     h = stays.hist  # ascending: each history's visits are consecutive
     position = np.arange(len(h)) - np.searchsorted(h, h, side="left")
-    packed = np.zeros((len(lengths), int(lengths.max()), len(PACKED_FEATURES)), dtype=np.int64)
-    packed[h, position, 0] = stays.encoded()
-    packed[h, position, 1] = stays.wall.start_min
-    packed[h, position, 2] = stays.wall.weekday
-    packed[h, position, 3] = np.minimum(stays.wall.duration, cfg.samples.duration_cap_min)
-    packed[h, position, 4] = diff
-    packed[:, :, 5] = users[:, None]
-    return packed
+
+    def column(values: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(lengths), int(lengths.max())), dtype=np.int64)
+        out[h, position] = values
+        return out
+
+    columns = {
+        "location": stays.encoded(),
+        "start_min": stays.wall.start_min,
+        "weekday": stays.wall.weekday,
+        "duration_min": np.minimum(stays.wall.duration, cfg.samples.duration_cap_min),
+        "diff_days": diff,
+    }
+    return pack_columns({key: column(values) for key, values in columns.items()}, users)
+
+
+# a samples table's list column of each packed sequence column
+SAMPLE_COLUMNS = {
+    "location": "loc_hist",
+    "start_min": "start_min_hist",
+    "weekday": "weekday_hist",
+    "duration_min": "duration_hist",
+    "diff_days": "diff_hist",
+}
 
 
 def sample_histories(table: pa.Table) -> Histories:
@@ -335,10 +352,8 @@ def sample_histories(table: pa.Table) -> Histories:
     and durations in minutes as the table holds them (the scorer bins them as training does)."""
     lengths = table.column("hist_len").to_numpy().astype(np.int64)
     width = max(int(lengths.max()) if len(lengths) else 1, 1)
-    packed = np.zeros((len(lengths), width, len(PACKED_FEATURES)), dtype=np.int64)
-    for j, column in enumerate(("loc_hist", "start_min_hist", "weekday_hist", "duration_hist", "diff_hist")):
-        packed[:, :, j] = pad_lists(table.column(column), lengths, width)
-    packed[:, :, 5] = table.column("user").to_numpy().astype(np.int64)[:, None]
+    columns = {key: pad_lists(table.column(name), lengths, width) for key, name in SAMPLE_COLUMNS.items()}
+    packed = pack_columns(columns, table.column("user").to_numpy())
     meta = pd.DataFrame({"user_id": table.column("user_id").to_numpy().astype(np.int64)})
     meta["known_user"] = packed[:, 0, 5] > 0
     if "staypoint_id" in table.column_names:

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 from nextloc.config import PreprocessConfig
 from nextloc.io.geolife import list_plt_files, read_user
 from nextloc.io.visits import POSITIONFIX_COLUMNS, VISIT_COLUMNS, validate_positionfixes, validate_visits
+from nextloc.models.packed import pack_histories
 from nextloc.preprocessing.staypoints import generate_staypoints
-from nextloc.serving import pack_histories
 
 logger = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@
 - :mod:`~nextloc.preprocessing.sequences`: merged staypoints -> history samples, split by time.
 - :mod:`~nextloc.preprocessing.vocabulary`: what the encoded ids mean; one dataset read in another's ids.
 - :mod:`~nextloc.preprocessing.dataset`: the dataset-level steps chained (quality -> locations -> samples).
+- :mod:`~nextloc.preprocessing.trackintel_export`: a preprocessed dataset exported as trackintel's models.
 
 Preprocessing never imports training, evaluation, the routine or predict (tests/test_house_limits.py).
 """

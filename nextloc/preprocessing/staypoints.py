@@ -4,7 +4,7 @@
 distance_metric="haversine", exclude_duplicate_pfs=True)`` row for row: the same duplicate removal, the same
 stable time ordering, the same float haversine, the same anchor/gap/threshold logic, ``finished_at`` = the
 first fix outside, and the same geometry (circular mean of the longitudes and arithmetic mean of the
-latitudes of the *unique* fixes, summed in the same order). ``tests/nextloc/test_staypoints.py`` checks
+latitudes of the *unique* fixes, summed in the same order). ``tests/nextloc/preprocessing/test_staypoints.py`` checks
 that equality against trackintel itself on real GeoLife users.
 
 The per-fix loop is sequential by nature (each anchor depends on the previous decision), so it is written

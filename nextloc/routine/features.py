@@ -3,7 +3,7 @@
 A 7-day window shows a model a week of visits; the routine is the user's whole past. For a question asked
 at time ``now`` about user ``u`` leaving place ``current``, every feature here is computed from the visits
 that **started before** ``now``: ``u``'s own, and every user's for the place-popularity features. Nothing
-that happens later can reach it (``tests/nextloc/test_routine.py`` removes every later visit and checks
+that happens later can reach it (``tests/nextloc/routine/test_routine.py`` removes every later visit and checks
 that no feature changes).
 
 ``now`` is the moment the user leaves ``current``: in evaluation the end of the visit just before the

@@ -34,7 +34,7 @@ from nextloc.routine.features import EXPLORE_FEATURES
 if TYPE_CHECKING:
     import torch
 
-    from nextloc.training.data import Batch
+    from nextloc.models.batch import Batch
 
 FEATURES = (
     "model_p_unseen",

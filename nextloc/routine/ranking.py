@@ -47,7 +47,7 @@ from nextloc.routine.trees import TreeEnsemble
 from nextloc.routine.unseen import UnseenPlaces, unseen_centres
 
 if TYPE_CHECKING:
-    from nextloc.training.data import SampleTensors
+    from nextloc.models.batch import SampleTensors
 
 FLOOR = -40.0  # log-probability of the classes 0 and 1
 RULE_FEATURES = (

@@ -24,11 +24,11 @@ from nextloc.config import PreprocessConfig
 from nextloc.evaluation.evaluate import Evaluation, ScoreFn, evaluate, model_scores
 from nextloc.models import build_model, count_parameters, model_settings, registry
 from nextloc.models.baselines import BaselineModule
+from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.routine.ranking import RoutineData
 from nextloc.routine.unseen import join_profiles
-from nextloc.training.data import SampleTensors
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
 

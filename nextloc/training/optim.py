@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from nextloc.training.train_config import TrainConfig
+from nextloc.models.train_config import TrainConfig
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Per-kind model and training overrides, typed, and the one check they pass before any work.
 
 ``model_overrides`` sets keys of a neural kind's config dataclass (``{"mhsa": {"d_model": 64}}``),
-``train_overrides`` keys of its :class:`~nextloc.training.train_config.TrainConfig` (``{"mhsa": {"max_epochs": 2}}``);
+``train_overrides`` keys of its :class:`~nextloc.models.train_config.TrainConfig` (``{"mhsa": {"max_epochs": 2}}``);
 a seed ensemble takes its member kind's keys. :class:`ModelOverrides` and :class:`TrainOverrides` have one
 optional field per neural kind of the registry, each a model of that kind's settings, so the flows that take
 them show a form per kind and reject a bad kind, key or value when their parameters are validated;
@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model, model_vali
 from nextloc.config import _NamesUnknownKeys
 from nextloc.models import check_model_overrides, model_settings
 from nextloc.models.registry import KINDS, kind, neural_kinds, training_recipe
-from nextloc.training.train_config import TrainConfig, explain
+from nextloc.models.train_config import TrainConfig, explain
 
 
 class _Settings(_NamesUnknownKeys):

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from nextloc.models.batch import SampleTensors
 from nextloc.models.dropout import PCG64Dropout
+from nextloc.models.train_config import TrainConfig
 from nextloc.storage import atomic_path
-from nextloc.training.data import SampleTensors
 from nextloc.training.optim import EarlyStopping
-from nextloc.training.train_config import TrainConfig
 
 logger = logging.getLogger(__name__)
 

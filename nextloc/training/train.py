@@ -24,7 +24,7 @@ Recipes (reference-protocol.md section 2):
 Changes from the reference recipes, each kept because its validation means over 5 seeds stayed within
 0.3 points of the reference's (the numbers are in BENCHMARKS.md and docs/models.md):
 
-* Batches from length-sorted pools (``bucket``, ``bucket_pool``; :meth:`nextloc.training.data.SampleTensors.batches`):
+* Batches from length-sorted pools (``bucket``, ``bucket_pool``; :meth:`nextloc.models.batch.SampleTensors.batches`):
   pools of 8 batches for mhsa, 4 for the pointer, 50 for pointer_plus, so far fewer padded tokens per
   step; the LSTM keeps plain shuffled batches (pools cost it validation loss).
 * PCG64 dropout masks on a CPU (``dropout_rng="pcg64"``; :mod:`nextloc.models.dropout`) for the pointer
@@ -60,13 +60,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from nextloc.evaluation.tensor_metrics import MetricAccumulator
+from nextloc.models.batch import SampleTensors, by_length
 from nextloc.models.dropout import PCG64Dropout, drawing_from
 from nextloc.models.ensemble import SeedEnsemble
+from nextloc.models.train_config import TrainConfig as TrainConfig  # re-exported
 from nextloc.training import optim, resume
-from nextloc.training.data import SampleTensors, by_length
 from nextloc.training.overrides import check_kind_overrides as check_kind_overrides  # re-exported
 from nextloc.training.resume import TrainingObjects
-from nextloc.training.train_config import TrainConfig as TrainConfig  # re-exported
 
 logger = logging.getLogger(__name__)
 

@@ -139,8 +139,8 @@ def test_metrics_without_copies_leave_out_exactly_the_copied_samples(runs) -> No
     from nextloc.evaluation.metrics import DEDUP_KEYS
     from nextloc.models import registry
     from nextloc.models.baselines import BaselineModule
+    from nextloc.models.batch import SampleTensors
     from nextloc.raw.duplicates import copied_samples
-    from nextloc.training.data import SampleTensors
 
     kept = runs["kept"]
     splits = {

@@ -418,12 +418,12 @@ class TestFingerprint:
         assert other_config.fingerprint() != base.fingerprint()
 
 
-# --- the training recipe (nextloc.training.train_config) --------------------------------------------------------
+# --- the training recipe (nextloc.models.train_config) --------------------------------------------------------
 
 
 def test_train_config_is_frozen_and_rejects_unknown_keys_naming_the_allowed_ones():
     from nextloc.models.registry import training_recipe
-    from nextloc.training.train_config import TrainConfig
+    from nextloc.models.train_config import TrainConfig
 
     config = training_recipe("pointer_plus")
     with pytest.raises(pydantic.ValidationError):
@@ -443,7 +443,7 @@ def test_train_config_is_frozen_and_rejects_unknown_keys_naming_the_allowed_ones
 
 def test_train_config_changes_through_model_copy_and_round_trips_as_plain_data():
     from nextloc.models.registry import training_recipe
-    from nextloc.training.train_config import TrainConfig
+    from nextloc.models.train_config import TrainConfig
 
     config = training_recipe("pointer", seed=3)
     assert TrainConfig.model_validate(config.model_dump()) == config

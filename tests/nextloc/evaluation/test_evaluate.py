@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from nextloc.evaluation.champion import champion_decision, paired_bootstrap
-from nextloc.evaluation.evaluate import evaluate, model_scores, pack_batch, score_split
+from nextloc.evaluation.evaluate import evaluate, model_scores, score_split
 from nextloc.evaluation.leaderboard import format_summary, leaderboard, rank_board, summarise
 from nextloc.evaluation.metrics import METRIC_KEYS, RESULT_KEYS, SET_KEYS, SET_LEVELS, answer_sets
 from nextloc.models import build_model
 from nextloc.models.baselines import BaselineModule
+from nextloc.models.batch import Batch
+from nextloc.models.packed import pack_batch
 from nextloc.models.registry import KINDS, kinds
-from nextloc.predict.packed import PackedScorer
+from nextloc.models.scorer import PackedScorer
 from nextloc.routine.novelty import FEATURES, NewPlaceHead, novelty_features, with_new_place
-from nextloc.training.data import Batch
 
 V, U = 9, 4
 BASELINES = {k: KINDS[k].model_class for k in kinds("baseline")}

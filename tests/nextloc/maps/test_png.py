@@ -25,9 +25,9 @@ from nextloc.maps.png import (
     project,
 )
 from nextloc.models.baselines import BaselineModule, MostFrequentBaseline
+from nextloc.models.scorer import PackedScorer
 from nextloc.predict.answer import predict
 from nextloc.predict.histories import encode_visits, history_visits, sample_histories
-from nextloc.predict.packed import PackedScorer
 from nextloc.routine.novelty import NewPlaceHead
 from nextloc.serving import ModelBundle
 

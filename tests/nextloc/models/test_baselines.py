@@ -27,7 +27,7 @@ from nextloc.models.baselines import (
     last_locations,
     transition_pairs,
 )
-from nextloc.training.data import SampleTensors
+from nextloc.models.batch import SampleTensors
 
 V = 10
 

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nextloc.models import build_model, count_parameters
+from nextloc.models.batch import Batch
 from nextloc.models.embedding import MaskedEncoderLayer, last_valid
 from nextloc.models.ensemble import SeedEnsemble
 from nextloc.models.registry import KINDS as KINDS_REGISTRY
-from nextloc.training.data import Batch
 
 KINDS = ["mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "pointer_plus_refit", "lstm"]
 V, U = 40, 6  # small vocabularies for the behavioural tests

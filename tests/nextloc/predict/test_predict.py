@@ -22,19 +22,20 @@ from nextloc.io.geolife import list_plt_files, read_user
 from nextloc.io.visits import validate_visits
 from nextloc.models import build_model
 from nextloc.models.baselines import BaselineModule, MarkovBaseline, MostFrequentBaseline
+from nextloc.models.batch import SampleTensors
 from nextloc.models.ensemble import SeedEnsemble
+from nextloc.models.packed import packed_batch
+from nextloc.models.scorer import PackedScorer
 from nextloc.predict.answer import predict
 from nextloc.predict.answer_set import describe_set
 from nextloc.predict.histories import encode_visits, sample_histories
 from nextloc.predict.history_reader import read_history
-from nextloc.predict.packed import PackedScorer, packed_batch
 from nextloc.preprocessing.dataset import build_dataset, locate_staypoints
 from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.preprocessing.staypoints import generate_staypoints
 from nextloc.preprocessing.vocabulary import location_vocabulary, user_vocabulary
 from nextloc.routine.novelty import NewPlaceHead
 from nextloc.serving import BUNDLE_FILE, WEIGHTS_FILE, ModelBundle, load_bundle, save_bundle
-from nextloc.training.data import SampleTensors
 
 M_PER_DEG_LAT = 6_371_000.0 * np.pi / 180
 BASE = (39.98, 116.33)  # Beijing
@@ -553,7 +554,7 @@ class TestBadInput:
 
 
 def test_sample_histories_read_as_the_training_batches(sample_dataset) -> None:
-    """Packed sample histories are what training sees once binned (:func:`nextloc.predict.packed.packed_batch`)."""
+    """Packed sample histories are what training sees once binned (:func:`nextloc.models.packed.packed_batch`)."""
     dataset, bundle = sample_dataset
     table = dataset.samples["test"]
     data = SampleTensors(table)

@@ -16,10 +16,10 @@ import torch
 import nextloc.training.train as train_module
 from nextloc.evaluation.evaluate import model_scores, score_split
 from nextloc.models import build_model
+from nextloc.models.batch import SampleTensors, by_length
 from nextloc.models.dropout import PCG64Dropout
 from nextloc.models.registry import kind as kind_entry
 from nextloc.models.registry import training_recipe
-from nextloc.training.data import SampleTensors, by_length
 from nextloc.training.kernels import kernel_fingerprint, same_kernels
 from nextloc.training.optim import pointer_lr
 from nextloc.training.train import (

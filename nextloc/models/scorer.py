@@ -1,6 +1,6 @@
-"""The bundle format's torch side: packed histories ``(B, T, 6)`` as a :class:`~nextloc.training.data.Batch`, the
-scorer that wraps a network or a baseline, and their weights in a bundle (:mod:`nextloc.serving` imports
-this module only for those kinds: a routine kind's answer imports no torch).
+"""The bundle format's torch side: the scorer that wraps a network or a baseline (packed histories in,
+probabilities out), and their weights in a bundle (:mod:`nextloc.serving` imports this module only for those
+kinds: a routine kind's answer imports no torch).
 """
 
 from __future__ import annotations
@@ -16,27 +16,8 @@ from torch import nn
 from nextloc.config import SampleConfig
 from nextloc.models import model_config, model_from_config, registry
 from nextloc.models.baselines import BaselineModule
+from nextloc.models.packed import packed_batch
 from nextloc.storage import write_with
-from nextloc.training.data import DURATION_BIN_MIN, TIME_SLOT_MIN, Batch
-
-
-def packed_batch(packed: torch.Tensor, duration_cap_min: int = SampleConfig().duration_cap_min) -> Batch:
-    """The :class:`~nextloc.training.data.Batch` view of packed histories ``(B, T, 6)`` (the inverse of
-    :func:`nextloc.evaluation.evaluate.pack_batch`); durations are capped at ``duration_cap_min`` first."""
-    packed = packed.long()
-    loc = packed[..., 0]
-    lengths = (loc != 0).sum(dim=1).clamp(min=1)
-    return Batch(
-        loc=loc,
-        time=packed[..., 1] // TIME_SLOT_MIN,
-        weekday=packed[..., 2],
-        duration=packed[..., 3].clamp(max=duration_cap_min) // DURATION_BIN_MIN,
-        diff=packed[..., 4],
-        user=packed[:, 0, 5],
-        lengths=lengths,
-        target=torch.zeros_like(lengths),
-        index=torch.arange(len(lengths), device=packed.device),
-    )
 
 
 class PackedScorer(nn.Module):

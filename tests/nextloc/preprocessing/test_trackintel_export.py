@@ -1,4 +1,4 @@
-"""trackintel in and out: the export models (nextloc.io.trackintel_io) and the ``trackintel`` input format's
+"""trackintel in and out: the export models (nextloc.preprocessing.trackintel_export) and the ``trackintel`` input format's
 bad-input rules (nextloc.io.tabular)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class TestExportModels:
     def test_staypoints_and_locations_round_trip_through_trackintel_csv(self, tmp_path):
         import trackintel as ti
 
-        from nextloc.io.trackintel_io import locations_model, staypoints_model, write_model
+        from nextloc.preprocessing.trackintel_export import locations_model, staypoints_model, write_model
 
         sp = _staypoints()
         located = sp.iloc[[0, 2]].assign(location_id=[4, 4])
@@ -60,7 +60,7 @@ class TestExportModels:
     def test_positionfixes_in_chunks(self, tmp_path):
         import trackintel as ti
 
-        from nextloc.io.trackintel_io import write_positionfixes
+        from nextloc.preprocessing.trackintel_export import write_positionfixes
 
         def user(uid: int, n: int) -> pa.Table:
             return pa.table(
@@ -86,7 +86,7 @@ class TestExportModels:
         np.testing.assert_array_equal(gp.geometry.x, pfs.geometry.x)
 
     def test_unknown_format_and_missing_data(self, tmp_path):
-        from nextloc.io.trackintel_io import export_trackintel
+        from nextloc.preprocessing.trackintel_export import export_trackintel
 
         with pytest.raises(ValueError, match="unknown trackintel export format 'shp'"):
             export_trackintel([], [Path("x")], None, tmp_path, "shp")  # type: ignore[arg-type]
@@ -130,7 +130,7 @@ class TestTrackintelInputHostile:
         assert str(path) in str(report.issues[0])
 
     def test_geoparquet_wkb(self, tmp_path):
-        from nextloc.io.trackintel_io import staypoints_model
+        from nextloc.preprocessing.trackintel_export import staypoints_model
 
         model = staypoints_model(_staypoints(), None)
         model.to_parquet(tmp_path / "sp.parquet")
