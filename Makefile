@@ -23,7 +23,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 install: system-deps $(STAMP)  ## create .venv and install nextloc with its pinned stack (CPU torch)
 
 # Debian packages the services, the web maps and the browser tests need: PostgreSQL 15 (make services),
-# Leaflet and Leaflet.markercluster (the .html maps inline their files: nextloc/webmaps.py),
+# Leaflet and Leaflet.markercluster (the .html maps inline their files: nextloc/maps/web.py),
 # Chromium + ChromeDriver (tests/browser). Installed only when missing and only as root with apt-get;
 # elsewhere the command says what to install and the tests that need them say why they skip.
 SYSTEM_PACKAGES := postgresql chromium chromium-driver libjs-leaflet libjs-leaflet.markercluster

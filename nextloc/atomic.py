@@ -38,9 +38,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write UTF-8 text to ``path`` through :func:`atomic_path`."""
+    """Write UTF-8 text to ``path`` through :func:`atomic_path` (the one atomic text writer; the bytes are
+    exactly ``text.encode("utf-8")``, no newline translation)."""
     with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(text.encode("utf-8"))
 
 
 def remove_stale_temp_files(root: Path) -> list[Path]:

@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from nextloc.atomic import atomic_path, remove_stale_temp_files
+from nextloc.atomic import atomic_path, remove_stale_temp_files, write_text_atomic
 from nextloc.fingerprint import hash_bytes, hash_file
 from nextloc.io.geoparquet import geometry_columns, with_point_geometry
 
@@ -32,14 +32,13 @@ __all__ = [
     "write_geoparquet",
     "write_json",
     "write_parquet",
-    "write_text",
     "write_with",
 ]
 
 # zstd level 1 without dictionaries on numeric columns: on GeoLife's positionfixes (float coordinates,
 # timestamps) dictionary encoding is tried and abandoned per page, and level 3 buys ~20% size for 2-3x the
-# time. Measured on 4.3M fixes: write 1.48 s -> 0.58 s, read 1.57 s -> 0.36 s, 69 -> 84 MB
-# (benchmarks/profiles/README.md). Text columns keep their dictionaries.
+# time. Measured on 4.3M fixes: write 1.48 s -> 0.58 s, read 1.57 s -> 0.36 s, 69 -> 84 MB.
+# Text columns keep their dictionaries.
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 1}
 
 
@@ -85,8 +84,9 @@ def write_json(data: Any, path: Path) -> str:
     A number that is not finite (an undefined metric: an AUC with one class only) is written as ``null``:
     Python would write a bare ``NaN``, which strict readers (browsers, ``jq``, most languages) reject.
     """
-    text = json.dumps(_finite(data), indent=2, sort_keys=True, default=str, allow_nan=False)
-    return write_text(text + "\n", path)
+    text = json.dumps(_finite(data), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n"
+    write_text_atomic(path, text)
+    return hash_bytes(text.encode("utf-8"))
 
 
 def _finite(value: Any) -> Any:
@@ -98,14 +98,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
-
-
-def write_text(text: str, path: Path) -> str:
-    """Write UTF-8 text atomically; returns the file's fingerprint (of the bytes written)."""
-    data = text.encode("utf-8")
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        fh.write(data)
-    return hash_bytes(data)
 
 
 def write_with(writer: Callable[[Path], None], path: Path) -> str:

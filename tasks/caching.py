@@ -330,12 +330,6 @@ def stale_output(result: Any) -> tuple[str, str] | None:
     return next((s for s in map(stale_output, children) if s is not None), None)
 
 
-def outputs_current(result: Any) -> bool:
-    """True if every file a result points to is still the one written (see :meth:`Artifact.problem`);
-    a cached result whose files were deleted or overwritten is recomputed rather than reused."""
-    return stale_output(result) is None
-
-
 @dataclass(frozen=True)
 class Then:
     """A per-call task chained after a batch's task: each call's result goes on to it at once.

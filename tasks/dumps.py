@@ -16,6 +16,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
+from nextloc.atomic import write_text_atomic
 from nextloc.raw.dumps import (
     DEFAULT_MAX_BAD_ROW_SHARE,
     DumpRejected,
@@ -25,7 +26,7 @@ from nextloc.raw.dumps import (
     plan_merge,
     unpack_dump,
 )
-from nextloc.storage import write_json, write_text
+from nextloc.storage import write_json
 
 APPLIED = "applied"
 QUARANTINE = "quarantine"
@@ -126,4 +127,4 @@ def _move(dump: Path, folder: Path, entry: dict[str, Any]) -> None:
     shutil.move(str(dump), str(target))
     entry["moved_to"] = str(target)
     if entry["status"] == "rejected":
-        write_text(entry["reason"] + "\n", target.with_name(target.name + ".reason.txt"))
+        write_text_atomic(target.with_name(target.name + ".reason.txt"), entry["reason"] + "\n")

@@ -4,7 +4,7 @@ holds it, moving it) and the records of a champion decision.
 
 The second MLflow module beside :mod:`tasks.tracking` (runs, metrics, artifacts), which names the registered
 models (:func:`tasks.tracking.registered_name`). The rule that decides is :mod:`tasks.promotion` with
-:func:`nextloc.evaluation.evaluate.champion_decision`.
+:func:`nextloc.evaluation.champion.champion_decision`.
 """
 
 from __future__ import annotations

@@ -62,8 +62,9 @@ def test_writers_return_the_fingerprint_of_the_file_written(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from nextloc.atomic import write_text_atomic
     from nextloc.fingerprint import hash_file
-    from nextloc.storage import PARQUET_OPTIONS, write_geoparquet, write_parquet, write_text
+    from nextloc.storage import PARQUET_OPTIONS, write_geoparquet, write_parquet
 
     frame = pd.DataFrame(
         {
@@ -81,7 +82,7 @@ def test_writers_return_the_fingerprint_of_the_file_written(tmp_path):
     pq.write_table(table, direct, use_dictionary=["name"], **PARQUET_OPTIONS)
     assert (tmp_path / "plain.parquet").read_bytes() == direct.read_bytes()
     text = tmp_path / "t.txt"
-    assert write_text("ü\nline\n", text) == hash_file(text)
+    write_text_atomic(text, "ü\nline\n")
     assert text.read_bytes() == "ü\nline\n".encode()
     assert write_json({"a": 1}, tmp_path / "j.json") == hash_file(tmp_path / "j.json")
     assert not list(tmp_path.glob(".*.tmp"))

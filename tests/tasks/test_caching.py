@@ -14,8 +14,8 @@ from tasks.caching import (
     Then,
     cached_batch,
     cached_result,
-    outputs_current,
     relocated,
+    stale_output,
     store_result,
 )
 from tasks.runners import balanced_batches
@@ -66,15 +66,15 @@ class TestBalancedBatches:
         assert balanced_batches(weights, 3) == [[0, 5, 6], [1, 7], [2, 3, 4]]
 
 
-def test_outputs_current_finds_artifacts_anywhere(tmp_path):
+def test_stale_output_finds_artifacts_anywhere(tmp_path):
     path = tmp_path / "a.txt"
     path.write_text("x")
     art = Artifact.record(path, "fp")
     nested = {"a": [art, (1, "b")], "n": None}
-    assert outputs_current(nested)
+    assert stale_output(nested) is None
     path.write_text("changed size")
-    assert not outputs_current(nested)
-    assert outputs_current({"a": [1, 2]})
+    assert stale_output(nested) is not None
+    assert stale_output({"a": [1, 2]}) is None
 
 
 def test_a_file_with_a_new_mtime_is_checked_on_its_content(tmp_path):
@@ -93,7 +93,7 @@ def test_a_file_with_a_new_mtime_is_checked_on_its_content(tmp_path):
     assert art.restat().mtime_ns == art.mtime_ns + 10**9
     path.write_bytes(b"fedcba")
     assert art.problem() == "content changed"
-    assert not outputs_current({"x": [art]})
+    assert stale_output({"x": [art]}) is not None
     path.unlink()
     assert art.problem() == "missing"
 
