@@ -1,8 +1,8 @@
 """The benchmark scripts stay runnable: each answers ``--help``, and none shadows a standard-library module.
 
-A script's folder comes first on ``sys.path``: a ``benchmarks/profile.py`` once hid the standard library's
-``profile``, which torch imports when training turns on deterministic algorithms, so
-``benchmarks/train.py`` crashed before it measured anything.
+A script's folder comes first on ``sys.path``: a benchmark named ``profile.py`` would hide the standard
+library's ``profile``, which torch imports when training turns on deterministic algorithms, and
+``benchmarks/train.py`` would crash before it measured anything.
 """
 
 from __future__ import annotations

@@ -103,23 +103,35 @@ def test_no_import_cycles_lazy_imports_included() -> None:
     assert not cycles, sorted(cycles)
 
 
-# stage -> the stages it must never import (nextloc/<stage>/): the pipeline's order, one way
-LAYERS = {
-    "nextloc.raw": ("nextloc.preprocessing", "nextloc.training", "nextloc.evaluation", "nextloc.predict"),
-    "nextloc.io": ("nextloc.training", "nextloc.evaluation", "nextloc.predict", "nextloc.routine"),
-    "nextloc.preprocessing": ("nextloc.training", "nextloc.evaluation", "nextloc.predict", "nextloc.routine"),
-}
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 
-def test_stages_import_one_way() -> None:
+def _floors() -> list[list[str]]:
+    """The import order of docs/architecture.md (its fenced block after ``<!-- import order``), ground first."""
+    text = ARCHITECTURE.read_text()
+    block = text[text.index("<!-- import order") :].split("```")[1]
+    return [[unit.strip() for unit in line.split(",")] for line in block.strip().splitlines()]
+
+
+def _unit(module: str) -> str:
+    """The folder a module belongs to: ``nextloc.<stage>`` or ``nextloc.<top module>``, else its package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "nextloc" else parts[0]
+
+
+def test_folders_import_only_the_floors_before_their_own() -> None:
+    """No loop between folders, lazy imports included: each imports only what docs/architecture.md lists
+    before it, and every folder of the tree has its place there."""
+    floor = {unit: i for i, line in enumerate(_floors()) for unit in line}
     graph = _import_graph()
+    unplaced = sorted({_unit(m) for m in graph} - set(floor))
+    assert not unplaced, f"folders missing from the import order in docs/architecture.md: {unplaced}"
+    assert not sorted(set(floor) - {_unit(m) for m in graph}), "the import order names what is gone"
     wrong = sorted(
         f"{module} -> {target}"
         for module, targets in graph.items()
-        for stage, banned in LAYERS.items()
-        if module == stage or module.startswith(stage + ".")
         for target in targets
-        if any(target == b or target.startswith(b + ".") for b in banned)
+        if _unit(module) != _unit(target) and floor[_unit(target)] >= floor[_unit(module)]
     )
     assert not wrong, wrong
 
@@ -146,3 +158,34 @@ def test_flows_hold_flows_only() -> None:
         if re.search(r"^\s*import argparse", p.read_text(), re.M)
     ]
     assert not parsers, parsers
+
+
+def test_the_architecture_page_names_every_library_module_and_nothing_gone() -> None:
+    """docs/architecture.md's table of the library's folders lists each folder's modules exactly (``top``:
+    the modules at ``nextloc/``'s top)."""
+    rows = re.findall(r"^\| `?([a-z_]+)/?`? \| ((?:`[a-z_]+`(?:, )?)+) \|", ARCHITECTURE.read_text(), re.M)
+    named = {folder: set(re.findall(r"`([a-z_]+)`", modules)) for folder, modules in rows}
+    library = REPO / "nextloc"
+    tree = {p.name: {m.stem for m in p.glob("*.py")} - {"__init__"} for p in library.iterdir() if p.is_dir()}
+    tree = {folder: modules for folder, modules in tree.items() if modules}
+    tree["top"] = {p.stem for p in library.glob("*.py")} - {"__init__"}
+    assert named == tree
+
+
+NAMED_PATH = re.compile(
+    r"(?<![\w/.-])((?:nextloc|tasks|flows|services|commands|tests|benchmarks|docs|configs)/[\w/.-]*\.(?:py|md|yaml|json))"
+)
+
+
+def test_every_path_the_docs_and_docstrings_name_exists() -> None:
+    """A file named in the docs, the Makefile or a module's text is in the tree (a move updates its mentions)."""
+    texts = [*(REPO / "docs").glob("*.md"), REPO / "README.md", REPO / "BENCHMARKS.md", REPO / "Makefile"]
+    texts += [p for d in (*PACKAGES, "benchmarks", "tests") for p in (REPO / d).rglob("*.py")]
+    gone = sorted(
+        f"{_name(text)}: {path}"
+        for text in texts
+        if "__pycache__" not in text.parts
+        for path in NAMED_PATH.findall(text.read_text())
+        if not (REPO / path.rstrip(".")).exists()
+    )
+    assert not gone, gone
