@@ -1,4 +1,4 @@
-"""Every use of a private API of Prefect, prefect-dask or CPython, each behind one small named shim.
+"""Every use of a private API of Prefect or CPython, each behind one small named shim.
 
 nextloc reaches into internals only where the public API lacks the hook or costs time on every command.
 Each such place is a function here, checked against the version range it was written and tested for
@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 RANGES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "cpython": ((3, 11), (3, 14)),  # requires-python
     "prefect": ((3, 8), (3, 9)),  # pyproject's prefect>=3.8,<3.9; constraints.txt pins 3.8.8
-    "prefect-dask": ((0, 3), (0, 4)),  # the dask extra; constraints.txt pins 0.3.7
 }
 
 
@@ -101,7 +100,8 @@ def exit_without_teardown(code: int) -> NoReturn:
     (``threading._shutdown``), every ``atexit`` handler (``atexit._run_exitfuncs``: logging's flush,
     Prefect's and MLflow's own); the standard streams are flushed; then ``os._exit``.
 
-    Outside its CPython range: ``sys.exit(code)``, the normal exit with its teardown.
+    Outside its CPython range: ``sys.exit(code)``, the normal exit with its teardown. Retired by: a public
+    exit that runs the exit hooks and skips the teardown (CPython has none: ``os._exit`` skips both).
     """
     if not supported("cpython"):
         _fallback("exit_without_teardown", "cpython")
@@ -123,7 +123,9 @@ def end_worker_without_teardown() -> None:
     hold (the log and event messages forwarded to the flow's process). Then the streams are flushed and
     the process ends with code 0 (the pool does not read worker exit codes).
 
-    Outside its CPython range: returns, and the interpreter's normal exit goes on.
+    Outside its CPython range: returns, and the interpreter's normal exit goes on. Retired by: a public
+    flush of multiprocessing's queue feeders, or a Prefect process pool that ends its workers without the
+    teardown (neither exists).
     """
     if not supported("cpython"):
         _fallback("end_worker_without_teardown", "cpython")
@@ -137,35 +139,7 @@ def end_worker_without_teardown() -> None:
     os._exit(0)
 
 
-# --- Prefect and prefect-dask ----------------------------------------------------------------------
-
-
-def thread_pool_width(runner: Any) -> int | None:
-    """How many threads a Prefect ``ThreadPoolTaskRunner`` runs at once (its private ``_max_workers``).
-
-    Prefect keeps the width it resolved from ``max_workers`` and its settings only in a private attribute.
-    Outside its Prefect range: None (the caller falls back to this machine's cores).
-    """
-    if not supported("prefect"):
-        _fallback("thread_pool_width", "prefect")
-        return None
-    return getattr(runner, "_max_workers", None) or None
-
-
-def dask_client(runner: Any) -> Any | None:
-    """The ``distributed.Client`` of a started prefect-dask ``DaskTaskRunner`` (its private ``_client``);
-    None for any other runner.
-
-    The preprocess flow maps plain functions (DBSCAN tiles) and sizes its batches on the flow's own Dask
-    cluster; the runner holds its client only in a private attribute. Outside its prefect-dask range: None
-    (the caller maps in this process and sizes batches by this machine's cores).
-    """
-    if runner is None or not type(runner).__module__.startswith("prefect_dask"):
-        return None
-    if not supported("prefect-dask"):
-        _fallback("dask_client", "prefect-dask")
-        return None
-    return getattr(runner, "_client", None)
+# --- Prefect ---------------------------------------------------------------------------------------------
 
 
 def submit_in_order(runner: Any) -> None:
@@ -174,7 +148,8 @@ def submit_in_order(runner: Any) -> None:
     Prefect resolves each submission's inputs and hands it to the process pool from a private thread pool
     (``_resolver_executor``) of ``max_workers`` threads, so runs start in whichever order those threads get
     there. This replaces it (before anything was submitted) with one thread. Outside its Prefect range:
-    Prefect's own executor stays (runs may start out of submission order; results are the same).
+    Prefect's own executor stays (runs may start out of submission order; results are the same). Retired
+    by: an option of ``ProcessPoolTaskRunner`` that keeps submission order (Prefect 3.8 has none).
     """
     if not supported("prefect"):
         _fallback("submit_in_order", "prefect")
@@ -194,7 +169,8 @@ def engine_cache_key(task: Any, parameters: dict[str, Any]) -> str | None:
     a run, a stand-in context carries the task (all that ``TASK_SOURCE`` and nextloc's ``ContentInputs``
     read), and no flow parameters (no nextloc policy reads them). Outside its Prefect range it raises
     :class:`UnsupportedVersion`: a key that silently differed from the engine's would make every lookup
-    miss, or find records the engine never wrote.
+    miss, or find records the engine never wrote. Retired by: a public function that gives a task call's
+    cache key (Prefect 3.8 computes it only inside the engine).
     """
     _require("engine_cache_key", "prefect")
     from types import SimpleNamespace
@@ -214,7 +190,8 @@ def drain_prefect_workers(timeout_s: float) -> None:
     The command stops its temporary API before the interpreter's exit, when Prefect would drain them
     itself; ``drain_all`` of ``APILogWorker`` and ``EventsWorker`` comes from Prefect's private queue
     service base class. A worker that fails to drain is skipped. Outside its Prefect range: nothing is
-    drained (the last logs and events of the command may miss the temporary API's database).
+    drained (the last logs and events of the command may miss the temporary API's database). Retired by:
+    a public flush of Prefect's log and event workers (Prefect 3.8 drains them only at the interpreter's exit).
     """
     if not supported("prefect"):
         _fallback("drain_prefect_workers", "prefect")
@@ -244,6 +221,8 @@ def one_sqlite_connection() -> None:
     ``prefect.server.database.configurations``, when the first session needs it; this wraps that name so
     SQLite engines get a pool of one (``pool_size=1, max_overflow=0``). Call it in the server's process,
     before its app starts. Outside its Prefect range: Prefect's own pool stays (writes contend as above).
+    Retired by: pool settings that reach SQLite's engine (upstream PrefectHQ/prefect#18934, open: only the
+    PostgreSQL configuration reads them).
     """
     if not supported("prefect"):
         _fallback("one_sqlite_connection", "prefect")

@@ -40,7 +40,7 @@ def make_task_runner(
     if kind == "local":
         if dask_address:
             raise ValueError("dask_address is only used with task_runner='dask'")
-        return ThreadPoolTaskRunner(max_workers=max(2, n))
+        return FanOutThreadPool(max_workers=max(2, n))
     if kind != "dask":
         raise ValueError(f"task_runner must be 'local' or 'dask', got {kind!r}")
     from prefect_dask import DaskTaskRunner
@@ -57,6 +57,15 @@ def make_task_runner(
             "dashboard_address": ":0",
         },
     )
+
+
+class FanOutThreadPool(ThreadPoolTaskRunner):
+    """Prefect's thread pool, saying how wide it is (:attr:`width`: the ``max_workers`` it was made with;
+    Prefect keeps the width only in a private attribute). A copy Prefect makes for a flow run is as wide."""
+
+    def __init__(self, max_workers: int | None = None) -> None:
+        super().__init__(max_workers=max_workers)
+        self.width = max_workers
 
 
 class TrainingPoolTaskRunner(ProcessPoolTaskRunner):
@@ -112,7 +121,7 @@ def tile_map() -> Callable[..., Iterable[Any]]:
 
     The Dask map submits plain functions through the runner's client and gathers the results in order.
     """
-    client = compat.dask_client(_flow_task_runner())
+    client = _dask_client(_flow_task_runner())
     if client is None:
         return map
 
@@ -125,9 +134,9 @@ def tile_map() -> Callable[..., Iterable[Any]]:
 def fan_out_width() -> int:
     """How many tasks the current flow's task runner runs at once: its threads, or the Dask cluster's."""
     runner = _flow_task_runner()
-    if isinstance(runner, ThreadPoolTaskRunner) and (width := compat.thread_pool_width(runner)):
-        return width
-    client = compat.dask_client(runner)
+    if isinstance(runner, FanOutThreadPool) and runner.width:
+        return runner.width
+    client = _dask_client(runner)
     if client is not None:
         with contextlib.suppress(Exception):  # a cluster that cannot say: fall back to this machine's cores
             return max(1, sum(client.nthreads().values()))
@@ -149,6 +158,14 @@ def balanced_batches(weights: Sequence[float], n_batches: int) -> list[list[int]
         loads[b] += weights[i]
     order = sorted(range(n), key=lambda b: (-loads[b], b))
     return [sorted(batches[b]) for b in order if batches[b]]
+
+
+def _dask_client(runner: TaskRunner | None) -> Any | None:
+    """The ``distributed.Client`` of a prefect-dask ``DaskTaskRunner`` (its public ``client``, connected on
+    first use); None for any other runner."""
+    if runner is None or not type(runner).__module__.startswith("prefect_dask"):
+        return None
+    return runner.client
 
 
 def _flow_task_runner() -> TaskRunner | None:

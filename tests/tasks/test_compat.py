@@ -1,4 +1,4 @@
-"""The shims over private APIs of Prefect, prefect-dask and CPython: each works on the installed versions
+"""The shims over private APIs of Prefect and CPython: each works on the installed versions
 (the private names it reaches still exist and behave), and outside its version range it falls back or
 fails as its docstring says."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from prefect import flow, task
-from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+from prefect.task_runners import ProcessPoolTaskRunner
 
 from tasks import compat
 from tasks.caching import CACHE_POLICY
@@ -94,35 +94,6 @@ sys.stdout.write("unflushed ")
     def test_out_of_range_it_leaves_the_exit_to_the_interpreter(self, out_of_range):
         out_of_range("cpython")
         assert compat.end_worker_without_teardown() is None  # returned: the process goes on
-
-
-class TestThreadPoolWidth:
-    def test_reads_the_width_prefect_resolved(self):
-        assert compat.thread_pool_width(ThreadPoolTaskRunner(max_workers=3)) == 3
-
-    def test_out_of_range_none(self, out_of_range):
-        out_of_range("prefect")
-        assert compat.thread_pool_width(ThreadPoolTaskRunner(max_workers=3)) is None
-
-
-class TestDaskClient:
-    def test_other_runners_have_none(self):
-        assert compat.dask_client(ThreadPoolTaskRunner(max_workers=2)) is None
-        assert compat.dask_client(None) is None
-
-    def test_reads_the_runners_client(self):
-        task_runners = pytest.importorskip("prefect_dask.task_runners")
-        runner = task_runners.DaskTaskRunner()
-        assert hasattr(runner, "_client")  # the private name still exists
-        runner._client = client = object()
-        assert compat.dask_client(runner) is client
-
-    def test_out_of_range_none(self, out_of_range):
-        task_runners = pytest.importorskip("prefect_dask.task_runners")
-        out_of_range("prefect-dask")
-        runner = task_runners.DaskTaskRunner()
-        runner._client = object()
-        assert compat.dask_client(runner) is None
 
 
 class TestSubmitInOrder:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prefect import flow, get_run_logger, task
 
-from tasks.runners import training_runner
+from tasks.runners import fan_out_width, make_task_runner, training_runner
 
 
 def _note_exit(path: str) -> None:
@@ -104,3 +104,21 @@ def test_runs_start_in_the_order_they_were_submitted(tmp_path):
     position = {run: at for at, run in enumerate(order)}
     early = [(i, j) for i in range(6) for j in range(i - 1) if position[i] < position[j]]
     assert not early, f"(run, a run submitted two or more before it that started later), start order {order}"
+
+
+@flow(task_runner=make_task_runner("local", 3))
+def _width_of_three() -> int:
+    return fan_out_width()
+
+
+@flow
+def _width_of_prefects_default() -> int:
+    return fan_out_width()
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_the_fan_out_is_as_wide_as_the_pool_nextloc_made():
+    """The local runner's width is the one nextloc gave it (no private attribute read); a flow on Prefect's
+    default runner fans out over this machine's cores."""
+    assert _width_of_three() == 3
+    assert _width_of_prefects_default() == (os.cpu_count() or 1)
