@@ -190,11 +190,10 @@ def _lookup(task: Any, parameters: dict[str, Any], storage: str | Path) -> tuple
     key = compat.engine_cache_key(task, parameters)
     if key is None:
         return False, None, False
-    store = _store(storage)
-    if not store.exists(key):
+    if not (Path(storage) / key).is_file():  # a stat: the store's exists() would deserialise the record
         return False, None, False
     try:
-        record = store.read(key)
+        record = _store(storage).read(key)
     except Exception as err:  # noqa: BLE001 - any unreadable record is a miss
         logger.warning("unreadable cache record %s (%s); recomputing", key, err)
         _drop(storage, key)

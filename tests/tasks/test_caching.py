@@ -175,6 +175,26 @@ class TestCachedBatch:
         assert run_batch(calls, str(storage), retries=1) == [1, 4, 9]
         assert CALLS == ["square 1", "square 2", "square 2", "square 3"]
 
+    def test_a_hit_reads_its_record_once(self, tmp_path, monkeypatch):
+        """One read of the record per hit, and no deserialising existence check before it; a miss reads
+        nothing."""
+        from prefect.results import ResultStore
+
+        storage = tmp_path / "cache"
+        store_result(square, {"x": 5}, storage, 26)
+        reads, read = [], ResultStore.read
+
+        def counted(self, key, *args, **kwargs):
+            reads.append(key)
+            return read(self, key, *args, **kwargs)
+
+        monkeypatch.setattr(ResultStore, "read", counted)
+        monkeypatch.setattr(ResultStore, "exists", lambda *_a, **_k: pytest.fail("exists() reads the record"))
+        assert cached_result(square, {"x": 5}, storage) == (True, 26)
+        assert len(reads) == 1
+        assert cached_result(square, {"x": 7}, storage) == (False, None)
+        assert len(reads) == 1
+
     def test_a_call_cached_before_is_not_run(self, tmp_path):
         storage = tmp_path / "cache"
         store_result(square, {"x": 5}, storage, 26)  # whatever the record says is what a hit returns
