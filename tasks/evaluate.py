@@ -12,7 +12,6 @@ import pandas as pd
 
 from nextloc.io.visits import parse_time, validate_visits
 from nextloc.predict.answer import predict
-from nextloc.predict.answer_set import check_coverage
 from nextloc.predict.histories import encode_visits, history_visits, to_histories
 from nextloc.predict.history_reader import read_history
 from nextloc.routine.ranking import RoutineData
@@ -135,11 +134,10 @@ def predict_registered(
 ) -> list[dict[str, Any]]:
     """Answers of a registered model for a history file (visits, positionfixes, samples) or JSON text:
     top-k known places with coordinates and P(new place) (:mod:`nextloc.predict.answer`), with ``coverage``
-    the answer set too (:mod:`nextloc.predict.answer_set`, checked before the model is read); with
+    the answer set too (:mod:`nextloc.predict.answer_set`; the command line checks it before any work); with
     ``map_path``, the answers drawn on a map there: an ``.html`` web map
     (:func:`nextloc.maps.answers.predictions_page`), else the first ones in a PNG
     (:func:`nextloc.maps.png.draw_predictions`)."""
-    coverage = None if coverage is None else check_coverage(coverage)
     bundle = load_registered(kind, alias, tracking_uri, experiment)
     raw = read_history(history, bundle.preprocess, user_id)
     stamp = parse_time(at, "--at", "at") if at else None

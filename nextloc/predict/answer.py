@@ -160,8 +160,7 @@ def predict_visits(
     coverage: float | None = None,
 ) -> list[dict[str, Any]]:
     """Visits (a DataFrame, e.g. from an HTTP request) -> answers: :func:`validate_visits`,
-    :func:`encode_visits`, :func:`predict` (``coverage``: with the answer set; checked first)."""
-    coverage = None if coverage is None else check_coverage(coverage)
+    :func:`encode_visits`, :func:`predict` (``coverage``: with the answer set)."""
     checked = validate_visits(visits, "request")
     stamp = None if at is None or at == "" else parse_time(at, "request", "at")
     return predict(bundle, encode_visits(checked, bundle, stamp), k, coverage=coverage)

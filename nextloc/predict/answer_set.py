@@ -51,9 +51,9 @@ def set_members(
         p_new: ``(b,)`` P(new place), or None (no new-place head: "a new place" is never a member).
         shared: the places already share ``1 - p_new`` (a routine kind's one distribution); else they sum to
             1 among themselves and are scaled by ``1 - p_new``.
-        coverage: the probability each set holds, strictly between 0 and 1.
+        coverage: the probability each set holds, strictly between 0 and 1 (:func:`check_coverage`, where
+            the request comes in).
     """
-    coverage = check_coverage(coverage)
     places = np.asarray(places, dtype=np.float64)
     if p_new is None:
         new = np.zeros(len(places))
