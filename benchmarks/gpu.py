@@ -22,6 +22,7 @@ Prints and writes one JSON object; ratios to ``cpu_core`` are in ``summary``.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -32,13 +33,15 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # profile_train's step timing
 KINDS = "mhsa,pointer,pointer_plus,lstm"
 VARIANTS = ("fp32", "fp16_scaler", "bf16", "bf16_fused", "bf16_fused_graphs")
 
 
-def step_rate(data_dir: Path, kind: str, variant: str, device: str, warmup: int, steps: int) -> dict:
+def measure_step(data_dir: Path, kind: str, variant: str, device: str, warmup: int, steps: int) -> dict:
     """Training samples/s of ``kind``'s step in ``variant`` on ``device`` (see the module's docstring)."""
     import torch
+    from profile_train import step_rate
 
     from nextloc.models import build_model
     from nextloc.models.batch import SampleTensors
@@ -56,7 +59,10 @@ def step_rate(data_dir: Path, kind: str, variant: str, device: str, warmup: int,
     model = build_model(kind, meta["total_loc_num"], meta["total_user_num"], **extra).to(dev).train()
     optimizer = optim.make_optimizer(model, config)
     if "fused" in variant:  # the recipe's optimiser and settings, one fused kernel instead of foreach
-        settings = {k: v for k, v in optimizer.defaults.items() if k not in ("foreach", "fused")}
+        accepted = inspect.signature(type(optimizer)).parameters
+        settings = {
+            k: v for k, v in optimizer.defaults.items() if k in accepted and k not in ("foreach", "fused")
+        }
         optimizer = type(optimizer)(model.parameters(), **settings, fused=True)
     train = SampleTensors.from_parquet(data_dir / "samples" / "train.parquet", dev)
     generator = torch.Generator().manual_seed(0)
@@ -90,25 +96,8 @@ def step_rate(data_dir: Path, kind: str, variant: str, device: str, warmup: int,
         scaler.step(optimizer)
         scaler.update()
 
-    timed = (batches * (1 + (warmup + steps) // len(batches)))[: warmup + steps]
-    start = time.perf_counter()
-    for batch in timed[:warmup]:
-        step(batch)
-    _sync(dev)
-    warm = time.perf_counter() - start
-    start, n = time.perf_counter(), 0
-    for batch in timed[warmup:]:
-        step(batch)
-        n += len(batch.target)
-    _sync(dev)
-    return {"samples_per_s": round(n / (time.perf_counter() - start), 1), "warmup_s": round(warm, 2)}
-
-
-def _sync(dev: Any) -> None:
-    import torch
-
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    return step_rate(step, batches, warmup, steps, sync)
 
 
 def _child(args: list[str], timeout: float) -> dict:
@@ -155,7 +144,7 @@ def main() -> int:
     parser.add_argument("--step", nargs=2, metavar=("KIND", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.step:
-        print(json.dumps(step_rate(args.data_dir, *args.step, args.device, args.warmup, args.steps)))
+        print(json.dumps(measure_step(args.data_dir, *args.step, args.device, args.warmup, args.steps)))
         return 0
     started = time.perf_counter()
     kinds, seeds = args.kinds.split(","), [int(s) for s in args.seeds.split(",")]

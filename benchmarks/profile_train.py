@@ -85,6 +85,29 @@ def recipe_step(
     return step, batches, config
 
 
+def step_rate(
+    step: Callable[[Any], None],
+    batches: list,
+    warmup: int,
+    steps: int,
+    sync: Callable[[], None] = lambda: None,
+) -> dict[str, float]:
+    """Train samples/s of ``steps`` calls of ``step`` after ``warmup`` untimed ones, the batches repeated as
+    needed; ``sync`` waits for queued device work (a GPU's) before each clock reading."""
+    timed = (batches * (1 + (warmup + steps) // max(1, len(batches))))[: warmup + steps]
+    start = time.perf_counter()
+    for batch in timed[:warmup]:
+        step(batch)
+    sync()
+    warm = time.perf_counter() - start
+    start, n = time.perf_counter(), 0
+    for batch in timed[warmup:]:
+        step(batch)
+        n += len(batch.target)
+    sync()
+    return {"samples_per_s": round(n / (time.perf_counter() - start), 1), "warmup_s": round(warm, 2)}
+
+
 def profile_kind(data_dir: Path, kind: str, warmup: int = 40, steps: int = 40) -> str:
     from torch.profiler import ProfilerActivity, profile
 

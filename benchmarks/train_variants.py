@@ -16,7 +16,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +26,7 @@ VARIANTS = ("eager", "bf16", "compile")
 
 def measure(data_dir: Path, kind: str, variant: str, warmup: int, steps: int) -> dict:
     import torch
-    from profile_train import recipe_step
+    from profile_train import recipe_step, step_rate
 
     def wrap(loss_of):  # noqa: ANN001, ANN202
         if variant == "compile":
@@ -42,16 +41,7 @@ def measure(data_dir: Path, kind: str, variant: str, warmup: int, steps: int) ->
         return loss_of
 
     step, batches, _ = recipe_step(data_dir, kind, wrap, foreach=True)
-    timed = (batches * (1 + (warmup + steps) // max(1, len(batches))))[: warmup + steps]
-    start = time.perf_counter()
-    for batch in timed[:warmup]:
-        step(batch)
-    warm = time.perf_counter() - start
-    start, n = time.perf_counter(), 0
-    for batch in timed[warmup:]:
-        step(batch)
-        n += len(batch.target)
-    return {"samples_per_s": round(n / (time.perf_counter() - start), 1), "warmup_s": round(warm, 2)}
+    return step_rate(step, batches, warmup, steps)
 
 
 def main() -> int:
