@@ -4,6 +4,7 @@
   ``services``, ``worker``, ...) and the embedded defaults they run with (the project's local Prefect API,
   :mod:`services.local_api`).
 - :mod:`commands.args`: each subcommand's options and how they become the flows' inputs.
+- :mod:`commands.output`: what the commands print (answers, leaderboards, the summary, where to compare).
 
 It imports :mod:`flows` and :mod:`services`; neither imports it back.
 """

@@ -21,6 +21,7 @@ from nextloc.io.inputs import INPUT_FORMATS
 from nextloc.preprocessing.trackintel_export import TRACKINTEL_FORMATS
 from nextloc.raw.rawdata import DEFAULT_RAW_DIR
 from nextloc.synth import SYNTH_FORMATS
+from services.ui import DEFAULT_PORT as UI_PORT
 
 DEFAULT_DATA_DIR = "data/geolife"
 
@@ -83,6 +84,12 @@ def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="ranker")
     parser.add_argument("--alias", default="champion", help="registry alias or version number")
     parser.add_argument("--split", default="test", choices=["train", "val", "test"])
+    _add_tracking_options(parser)
+
+
+def _ui_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=UI_PORT, help="the UI's port on 127.0.0.1 (default 5050)")
+    parser.add_argument("--stop", action="store_true", help="stop the UIs started in this folder")
     _add_tracking_options(parser)
 
 
@@ -253,6 +260,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "compare": Subcommand(
         _compare_arguments,
         help="leaderboard from MLflow: mean +- std over seeds per model.",
+    ),
+    "ui": Subcommand(
+        _ui_arguments,
+        help="MLflow's UI on the project's store, started once (or found running): prints the model comparison's URL.",
+        description="Starts `mlflow ui` on mlruns/mlflow.db in the background (127.0.0.1, --port), or finds the "
+        "one started before, and prints the URL of the experiment's runs opened on the 'Model comparison' "
+        "view: every model run, best test place Acc@1 first. With a tracking server (--tracking-uri "
+        "http://...) the server is the UI. --stop stops it.",
     ),
     "predict": Subcommand(
         _predict_arguments,

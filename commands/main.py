@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from commands import output
 from commands.args import (
     SUBCOMMANDS,
     check_raw_dir,
@@ -98,6 +99,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "train": _cmd_train,
         "evaluate": _cmd_evaluate,
         "compare": _cmd_compare,
+        "ui": _cmd_ui,
         "predict": _cmd_predict,
         "map": _cmd_map,
         "download": _cmd_download,
@@ -127,7 +129,7 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     quiet_task_runs_on_console()
     with local_api.ready():
         result = preprocess(config=config, **inputs)
-    _print_summary(result)
+    output.print_summary(result)
     return 0
 
 
@@ -166,10 +168,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             tracking_uri=args.tracking_uri,
             experiment=args.experiment,
         )
-    _print_summary(result)
-    _print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
+    output.print_summary(result)
+    output.print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
     for kind, decision in result["promotion"].items():
         log.info("%s champion: %s", kind, decision.get("decision") or decision["reason"])
+    output.print_comparison(args.tracking_uri, args.experiment)
     return 0
 
 
@@ -228,7 +231,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             experiment=args.experiment,
             device=args.device,
         )
-    _print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
+    output.print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
     return 0
 
 
@@ -250,7 +253,29 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     board, note = leaderboard_from_mlflow(
         args.tracking_uri, args.experiment, latest_data_only=not args.all_data
     )
-    _print_leaderboard(board, note)
+    output.print_leaderboard(board, note)
+    return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from services.ui import ensure_ui, stop_ui
+    from tasks import tracking
+    from tasks.store import default_tracking_uri
+
+    if args.stop:
+        log.info("stopped: %s", ", ".join(stop_ui(Path.cwd())) or "no UI was running")
+        return 0
+    uri = args.tracking_uri or default_tracking_uri()
+    experiment = tracking.experiment_id(uri, args.experiment)
+    if experiment is None:
+        log.error("no experiment %r in %s yet: `make run` records one", args.experiment, uri)
+        return 1
+    try:
+        ui = uri if uri.startswith(("http://", "https://")) else ensure_ui(Path.cwd(), uri, args.port)
+    except RuntimeError as err:
+        log.error("%s", err)
+        return 1
+    sys.stdout.write(tracking.comparison_url(ui, experiment) + "\n")
     return 0
 
 
@@ -272,7 +297,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(answers, indent=2) + "\n")
     else:
-        _print_answers(answers)
+        output.print_answers(answers)
     return 0
 
 
@@ -300,64 +325,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return serve_registered(
         args.model, args.alias, args.port, args.tracking_uri, args.experiment, args.timeout
     )
-
-
-def _print_answers(answers: list[dict[str, Any]]) -> None:
-    """One table per history: its user and time, P(new place), then the places; with ``--coverage``, a
-    second one of the answer set."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=max(110, Console().width))
-    for answer in answers:
-        about = {k: v for k, v in answer.items() if k not in ("places", "p_new_place", "answer_set")}
-        title = ", ".join(f"{k} {v}" for k, v in about.items())
-        p_new = answer.get("p_new_place")
-        table = Table(title=title, caption=f"P(new place) {p_new:.3f}" if p_new is not None else None)
-        columns = [
-            c
-            for c in ("rank", "location_id", "latitude", "longitude", "n_visits", "probability")
-            if any(c in place for place in answer["places"])
-        ]
-        for column in columns:
-            table.add_column(column, justify="right")
-        for place in answer["places"]:
-            table.add_row(*(_cell(place.get(c)) for c in columns))
-        console.print(table)
-        if "answer_set" in answer:
-            console.print(_set_table(answer["answer_set"]))
-
-
-def _set_table(chosen: dict[str, Any]) -> Any:
-    """The answer set: its members, most likely first ("new place" for a place the model never saw)."""
-    from rich.table import Table
-
-    members = chosen["members"]
-    title = f"answer set for coverage {chosen['coverage']:g}: {len(members)} member(s)"
-    table = Table(title=title, caption=f"total probability {chosen['total_probability']:.3f}")
-    columns = [
-        c
-        for c in ("location_id", "latitude", "longitude", "n_visits", "probability")
-        if c == "location_id" or any(c in m for m in members)
-    ]
-    for column in columns:
-        table.add_column(column, justify="right")
-    for member in members:
-        cells = {**member, "location_id": "new place"} if member.get("new_place") else member
-        table.add_row(*(_cell(cells.get(c)) for c in columns))
-    return table
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
-def _print_leaderboard(board: dict[str, Any], caption: str) -> None:
-    from nextloc.evaluation.leaderboard import build_leaderboard, print_terminal
-
-    print_terminal(build_leaderboard(board), caption)
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
@@ -453,33 +420,6 @@ def _copy_store(svc: Any, source: str | None, target: str | None) -> int:
         return 1
     sys.stdout.write(json.dumps(counts, indent=1) + "\n")
     return 0
-
-
-def _print_summary(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    stats = result["stats"]
-    table = Table(title=f"nextloc preprocess -> {result['data_dir']}")
-    table.add_column("")
-    for split in ("train", "val", "test"):
-        table.add_column(split, justify="right")
-    for key in ("n_users", "n_staypoints", "n_samples", "n_unseen_targets"):
-        table.add_row(key, *(f"{stats[key][s]:,}" for s in ("train", "val", "test")))
-    console = Console(stderr=False)
-    console.print(table)
-    console.print(
-        f"total_loc_num {stats['total_loc_num']:,} | total_user_num {stats['total_user_num']} | "
-        f"rows skipped {result['ingest']['rows_skipped']} | files skipped {result['ingest']['files_skipped']}"
-    )
-    duplicates = result["ingest"].get("duplicates")
-    if duplicates and duplicates["pairs"]:
-        from nextloc.raw.duplicates import describe_pairs
-
-        console.print(
-            f"users sharing recordings: {describe_pairs(duplicates, 5)} | {duplicates['copied_test_samples']} of "
-            f"{duplicates['test_samples']} test samples are copies | {duplicates['n_files_dropped']} files dropped"
-        )
 
 
 if __name__ == "__main__":

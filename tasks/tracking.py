@@ -96,6 +96,16 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
     return exp.experiment_id
 
 
+def experiment_id(tracking_uri: str, experiment: str = DEFAULT_EXPERIMENT) -> str | None:
+    """The id of ``experiment`` in the store at ``tracking_uri``, or None where it has none (nothing created)."""
+    from mlflow import MlflowClient
+
+    found = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).get_experiment_by_name(
+        experiment
+    )
+    return None if found is None else found.experiment_id
+
+
 def _artifact_location(uri: str) -> str | None:
     """Where a new experiment keeps its artifacts: beside a SQLite store; ``mlruns/artifacts`` for a database
     store written directly; the tracking server's own choice (its artifact proxy) for an ``http`` store."""

@@ -101,6 +101,7 @@ class Stack:
     experiment_id: str
     parent_run_id: str
     flow_run_id: str  # the preprocess-train flow run
+    run_output: str  # what `nextloc run` printed
 
 
 @pytest.fixture(scope="session")
@@ -166,6 +167,7 @@ def stack(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             parent["info"]["experiment_id"],
             parent["info"]["run_id"],
             flow_runs[0]["id"],
+            done.stdout,
         )
     finally:
         for server in reversed(servers):
@@ -216,6 +218,18 @@ def browser() -> Iterator[object]:
     """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile, its console log kept
     (``driver.get_log("browser")``); never Selenium Manager."""
     yield from _chromium(console=True)
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A port nothing listens on now, on 127.0.0.1."""
+    return _free_port()
+
+
+@pytest.fixture
+def fresh_browser() -> Iterator[object]:
+    """:func:`browser`'s Chromium for one test alone: a profile no other test has used."""
+    yield from _chromium()
 
 
 #: no network at all: every host name fails to resolve, every request goes to a proxy that is not there

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tasks import tracking
@@ -77,6 +79,53 @@ def test_summary_link_opens_the_comparison_view(browser, stack):
     _show_children(browser)
     assert "metrics.`test_place_acc_at_1`" in _columns(browser)
     assert "/runs" in browser.current_url
+
+
+def test_nextloc_ui_prints_the_comparison_a_fresh_browser_opens_best_first(
+    fresh_browser, stack, screenshot, free_port
+):
+    """`nextloc ui` starts MLflow's UI on the project's own store (found again by a second call) and prints the
+    comparison's URL; Chromium with a fresh profile opens it on every model run, best test place Acc@1 first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+    from selenium.webdriver.common.by import By
+
+    port = free_port
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "NEXTLOC_TRACKING_URI")}
+    ui = [str(Path(sys.executable).parent / "nextloc"), "ui", "--port", str(port)]
+    try:
+        printed = [
+            subprocess.run(ui, cwd=stack.root, env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)
+        ]
+        assert [p.returncode for p in printed] == [0, 0], printed[0].stderr[-2000:]
+        url = printed[0].stdout.strip()
+        assert url == printed[1].stdout.strip()
+        assert url == tracking.comparison_url(f"http://127.0.0.1:{port}", stack.experiment_id)
+        # the main job's summary says how to get there (on the default port)
+        assert (
+            "compare the models: .venv/bin/nextloc ui (MLflow's UI on this store), then" in stack.run_output
+        )
+        fresh_browser.get(url)
+        _show_children(fresh_browser)
+        rows = {
+            name: int(
+                fresh_browser.find_element(
+                    By.XPATH, _run_link(name) + "/ancestor::*[@row-index][1]"
+                ).get_attribute("row-index")
+            )
+            for name in CHILDREN
+        }
+        screenshot(fresh_browser, "nextloc-ui-comparison")
+    finally:
+        subprocess.run([*ui, "--stop"], cwd=stack.root, env=env, capture_output=True, timeout=60)
+    runs = MlflowClient(stack.tracking_uri).search_runs([stack.experiment_id], max_results=100)
+    score = {r.info.run_name: r.data.metrics["test_place_acc_at_1"] for r in runs if r.info.run_name in rows}
+    shown = sorted(CHILDREN, key=rows.__getitem__)
+    assert [score[name] for name in shown] == sorted(score.values(), reverse=True), shown
 
 
 def test_compare_two_children(browser, stack, screenshot):
