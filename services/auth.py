@@ -69,9 +69,13 @@ def format_env(values: dict[str, str]) -> str:
 def read_env_file(path: Path) -> dict[str, str]:
     """The ``KEY=VALUE`` lines of ``path`` (comments and blank lines skipped); ``{}`` if it is missing."""
     try:
-        text = path.read_text()
+        return parse_env(path.read_text())
     except FileNotFoundError:
         return {}
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """The ``KEY=VALUE`` lines of ``text`` (comments and blank lines skipped)."""
     pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
     return {key.strip(): value.strip() for key, value in pairs}
 
