@@ -29,6 +29,7 @@ import logging
 import os
 import secrets
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,11 @@ def authorization(user_pass: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(user_pass.encode()).decode()}
 
 
+def mlflow_login(values: dict[str, str]) -> dict[str, str]:
+    """The ``Authorization`` header of an identity's MLflow user (``values``: its file's variables)."""
+    return authorization(f"{values[MLFLOW_USERNAME]}:{values[MLFLOW_PASSWORD]}")
+
+
 def _call(url: str, method: str, body: dict | None, headers: dict[str, str], timeout_s: float = 30) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
@@ -146,29 +152,47 @@ def _call(url: str, method: str, body: dict | None, headers: dict[str, str], tim
 
 def provision_mlflow_users(services: Services) -> None:
     """As the MLflow admin: create the pipeline's and the reader's users (or reset their passwords to the
-    files'), and grant the pipeline ``MANAGE`` on every experiment and registered model."""
+    files'), and grant the pipeline ``MANAGE`` on every experiment and registered model. What exists
+    already (services started again on the same database) is kept.
+
+    Raises:
+        RuntimeError: the server refused the admin or a request, naming the server and what it answered.
+    """
     admin = authorization(f"{MLFLOW_ADMIN}:{credentials(services, SERVER_SECRETS)[ADMIN_PASSWORD]}")
     api = f"{services.mlflow_url}/api/2.0/mlflow/users"
-    for identity in IDENTITIES:
-        own = credentials(services, identity)
-        user = {"username": own[MLFLOW_USERNAME], "password": own[MLFLOW_PASSWORD]}
-        try:
-            _call(f"{api}/create", "POST", user, admin)
-        except urllib.error.HTTPError as err:
-            if err.code == 401:
-                raise RuntimeError(
-                    f"the MLflow tracking server at {services.mlflow_url} refused its admin "
-                    f"{MLFLOW_ADMIN}: its users' database was made with another admin password than "
-                    f"{services.credentials_file(SERVER_SECRETS)} holds"
-                ) from None
-            if err.code != 400:  # 400: the user exists
-                raise
-            _call(f"{api}/update-password", "PATCH", user, admin)
     grant = f"{services.mlflow_url}/api/3.0/mlflow/users/permissions/grant"
-    for resource_type in PIPELINE_GRANTS:
-        body = {"resource_type": resource_type, "resource_id": "*", "permission": "MANAGE"}
-        _call(grant, "POST", {"username": MLFLOW_USERS[PIPELINE], **body}, admin)
+    try:
+        for identity in IDENTITIES:
+            own = credentials(services, identity)
+            user = {"username": own[MLFLOW_USERNAME], "password": own[MLFLOW_PASSWORD]}
+            if not _admin_call(f"{api}/create", "POST", user, admin):
+                _admin_call(f"{api}/update-password", "PATCH", user, admin)
+        for resource_type in PIPELINE_GRANTS:
+            body = {"resource_type": resource_type, "resource_id": "*", "permission": "MANAGE"}
+            _admin_call(grant, "POST", {"username": MLFLOW_USERS[PIPELINE], **body}, admin)
+    except urllib.error.HTTPError as err:
+        hint = (
+            f": its users' database was made with another admin password than "
+            f"{services.credentials_file(SERVER_SECRETS)} holds"
+            if err.code == 401
+            else ""
+        )
+        raise RuntimeError(
+            f"the MLflow tracking server at {services.mlflow_url} refused its admin {MLFLOW_ADMIN} "
+            f"({err.code} on {urllib.parse.urlsplit(err.url).path}){hint}"
+        ) from None
     log.info("MLflow users %s ready", ", ".join(MLFLOW_USERS.values()))
+
+
+def _admin_call(url: str, method: str, body: dict, headers: dict[str, str]) -> bool:
+    """One admin request; False if what it creates exists already (``RESOURCE_ALREADY_EXISTS``)."""
+    try:
+        _call(url, method, body, headers)
+    except urllib.error.HTTPError as err:
+        if err.code == 400 and b"RESOURCE_ALREADY_EXISTS" in err.read():
+            return False
+        raise
+    return True
 
 
 def credentials_text(services: Services, identity: str) -> str:
