@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import services.auth as auth
 from flows import OFFLINE_DEFAULTS
-from services import auth
 from services.layout import MLFLOW_AUTH_DB, MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, WORK_POOL, Services
 from services.postgres import ensure_databases, start_postgres
 from services.processes import (
