@@ -43,6 +43,7 @@ from typing import Any
 
 from services import auth
 from services.layout import Services
+from tasks import access
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -165,7 +166,7 @@ def run_load(
         if started.returncode != 0:
             raise RuntimeError(f"services did not start: {started.stderr[-3000:]}")
         pipeline = auth.credentials(Services(root, db_url=None), auth.PIPELINE)
-        PREFECT_HEADERS.update(auth.authorization(pipeline[auth.PREFECT_AUTH]))
+        PREFECT_HEADERS.update(access.authorization(pipeline[access.PREFECT_AUTH]))
         result.update(_burst(api, root, sample, runs, neural, timeout_s))
         result.update(_check_mlflow(root, pipeline))
     finally:

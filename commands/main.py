@@ -26,8 +26,9 @@ from commands.args import (
 )
 from flows import configure_environment
 from services import local_api
-from services.auth import PIPELINE, READER, ServiceRefused, check_prefect, use_credentials
+from services.auth import PIPELINE, READER, use_credentials
 from tasks import compat
+from tasks.access import ServiceRefused, check_prefect
 
 log = logging.getLogger("nextloc.cli")
 #: Whose credentials (``.services/auth/<identity>.env``, where the environment has none) each command uses.

@@ -23,8 +23,6 @@ password). Secrets reach the servers in their environment, never on a command li
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import secrets
@@ -32,10 +30,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from services.layout import Services
 from services.processes import write_private
+from tasks.access import MLFLOW_PASSWORD, MLFLOW_USERNAME, PREFECT_AUTH, authorization, call_json
 
 log = logging.getLogger("nextloc.cli")
 
@@ -45,17 +43,10 @@ SERVER_SECRETS = "mlflow-server"
 PREFECT_USER = "nextloc"
 MLFLOW_ADMIN = "nextloc-admin"
 MLFLOW_USERS = {PIPELINE: "nextloc-pipeline", READER: "nextloc-reader"}
-PREFECT_AUTH = "PREFECT_API_AUTH_STRING"
-MLFLOW_USERNAME = "MLFLOW_TRACKING_USERNAME"
-MLFLOW_PASSWORD = "MLFLOW_TRACKING_PASSWORD"
 ADMIN_PASSWORD = "MLFLOW_AUTH_ADMIN_PASSWORD"
 FLASK_SECRET = "MLFLOW_FLASK_SERVER_SECRET_KEY"
 #: What the pipeline's MLflow user may do: everything on every experiment and registered model.
 PIPELINE_GRANTS = ("experiment", "registered_model")
-
-
-class ServiceRefused(PermissionError):
-    """A service refused this client's credentials (or their absence); the message names the service."""
 
 
 def _secret() -> str:
@@ -131,25 +122,6 @@ def allowed_hosts(services: Services) -> str:
     return ",".join(f"{name}{port}" for name in names for port in ("", f":{services.mlflow_port}"))
 
 
-def authorization(user_pass: str) -> dict[str, str]:
-    """The HTTP basic ``Authorization`` header of ``user:password``."""
-    return {"Authorization": "Basic " + base64.b64encode(user_pass.encode()).decode()}
-
-
-def mlflow_login(values: dict[str, str]) -> dict[str, str]:
-    """The ``Authorization`` header of an identity's MLflow user (``values``: its file's variables)."""
-    return authorization(f"{values[MLFLOW_USERNAME]}:{values[MLFLOW_PASSWORD]}")
-
-
-def _call(url: str, method: str, body: dict | None, headers: dict[str, str], timeout_s: float = 30) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json", **headers}
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return json.loads(response.read() or b"{}")
-
-
 def provision_mlflow_users(services: Services) -> None:
     """As the MLflow admin: create the pipeline's and the reader's users (or reset their passwords to the
     files'), and grant the pipeline ``MANAGE`` on every experiment and registered model. What exists
@@ -187,7 +159,7 @@ def provision_mlflow_users(services: Services) -> None:
 def _admin_call(url: str, method: str, body: dict, headers: dict[str, str]) -> bool:
     """One admin request; False if what it creates exists already (``RESOURCE_ALREADY_EXISTS``)."""
     try:
-        _call(url, method, body, headers)
+        call_json(url, method, body, headers)
     except urllib.error.HTTPError as err:
         if err.code == 400 and b"RESOURCE_ALREADY_EXISTS" in err.read():
             return False
@@ -232,53 +204,3 @@ def use_credentials(root: Path, identities: tuple[str, ...]) -> str | None:
             log.debug("credentials of %s from %s/.services/auth", identity, root)
             return identity
     return None
-
-
-def _refused(service: str, err: urllib.error.HTTPError, variables: str, given: bool) -> ServiceRefused:
-    what = (
-        f"the credentials in {variables}" if given else f"a request without credentials ({variables} unset)"
-    )
-    return ServiceRefused(
-        f"{service} refused {what}: HTTP {err.code}. Set {variables} to the services' credentials "
-        "(`nextloc services credentials pipeline` or `... reader` on the services' machine prints them), "
-        "or put that output in .services/auth/<identity>.env of this project folder"
-    )
-
-
-def check_prefect(api_url: str) -> None:
-    """Raise :class:`ServiceRefused` if the Prefect API refuses this process's ``PREFECT_API_AUTH_STRING``
-    (or its absence); an unreachable API is left to the caller's own request."""
-    auth = os.environ.get(PREFECT_AUTH)
-    try:
-        _call(f"{api_url.rstrip('/')}/admin/version", "GET", None, authorization(auth) if auth else {}, 10)
-    except urllib.error.HTTPError as err:
-        if err.code in (401, 403):
-            raise _refused(f"the Prefect API at {api_url}", err, PREFECT_AUTH, bool(auth)) from None
-    except OSError:
-        return
-
-
-_accepted: set[tuple[str, str | None, str | None]] = set()  # (tracking URI, user, password) a server accepted
-
-
-def check_mlflow(tracking_uri: str) -> None:
-    """Raise :class:`ServiceRefused` if an ``http(s)`` tracking server refuses this process's
-    ``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` (or their absence); other stores are not asked."""
-    if not tracking_uri.startswith(("http://", "https://")):
-        return
-    user, password = os.environ.get(MLFLOW_USERNAME), os.environ.get(MLFLOW_PASSWORD)
-    if (tracking_uri, user, password) in _accepted:
-        return
-    headers = authorization(f"{user}:{password}") if user and password else {}
-    url = f"{tracking_uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1"
-    try:
-        _call(url, "GET", None, headers, 10)
-    except urllib.error.HTTPError as err:
-        if err.code in (401, 403):
-            variables = f"{MLFLOW_USERNAME}/{MLFLOW_PASSWORD}"
-            raise _refused(
-                f"the MLflow tracking server at {tracking_uri}", err, variables, bool(headers)
-            ) from None
-    except OSError:
-        return
-    _accepted.add((tracking_uri, user, password))

@@ -77,12 +77,12 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
     store would otherwise race to insert the same rows.
 
     Raises:
-        services.auth.ServiceRefused: a tracking server refused this process's credentials.
+        tasks.access.ServiceRefused: a tracking server refused this process's credentials.
     """
     import mlflow
     from mlflow import MlflowClient
 
-    from services.auth import check_mlflow
+    from tasks.access import check_mlflow
 
     uri = tracking_uri or default_tracking_uri()
     check_mlflow(uri)  # a refused credential named, with what to set, before MLflow's own error

@@ -422,6 +422,7 @@ def team_services(sample_dir) -> Iterator[TeamServices]:
     import services as svc_module
     from services import auth
     from services.processes import post_json
+    from tasks import access
 
     root = Path(tempfile.mkdtemp(prefix="nextloc-auth-", dir="/tmp"))
     root.chmod(0o755)  # as root, PostgreSQL runs as the postgres user, which must reach .services/pg
@@ -438,7 +439,7 @@ def team_services(sample_dir) -> Iterator[TeamServices]:
             root, *(int(env[f"NEXTLOC_{n}_PORT"]) for n in ("PREFECT", "MLFLOW", "PG")), db_url=None
         )
         pipeline = auth.credentials(services, auth.PIPELINE)
-        headers = auth.authorization(pipeline[auth.PREFECT_AUTH])
+        headers = access.authorization(pipeline[access.PREFECT_AUTH])
         [deployment] = post_json(
             f"{services.api_url}/deployments/filter",
             {"deployments": {"name": {"any_": ["geolife"]}}},

@@ -15,8 +15,7 @@ import urllib.request
 
 import pytest
 
-from services import auth
-from tasks import tracking
+from tasks import access, tracking
 
 pytestmark = pytest.mark.slow
 WAIT_S = 90
@@ -52,7 +51,7 @@ def test_prefect_ui_asks_for_the_auth_string_then_shows_the_run(browser, team_se
     assert "/login" in browser.current_url
     field = browser.find_element(*password)
     field.clear()
-    field.send_keys(s.pipeline[auth.PREFECT_AUTH])
+    field.send_keys(s.pipeline[access.PREFECT_AUTH])
     browser.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
     _wait(browser).until(lambda d: "/login" not in d.current_url)
     for route in ("/v2/runs/flow-run", "/runs/flow-run"):
@@ -85,7 +84,7 @@ def test_mlflow_ui_asks_for_a_login_then_shows_the_runs_to_the_reader(
     assert "nextloc-geolife" not in _body(browser)
     screenshot(browser, "services-mlflow-login")
 
-    login = auth.mlflow_login(s.reader)
+    login = access.mlflow_login(s.reader)
     request = urllib.request.Request(
         f"{s.mlflow}/api/2.0/mlflow/experiments/get-by-name?experiment_name=nextloc-geolife", headers=login
     )

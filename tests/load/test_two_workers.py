@@ -28,6 +28,7 @@ import pytest
 import services as svc_module
 from services import auth
 from services.processes import post_json, write_private
+from tasks import access
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
@@ -155,7 +156,7 @@ def test_two_workers_share_a_burst_and_mlflow_holds_everything(sample_dir, tmp_p
         write_private(folders[0] / ".services" / "auth" / "pipeline.env", printed.stdout)
         pipeline = auth.parse_env(printed.stdout)
         workers = [_start_worker(folders[0], env, api), _start_worker(folders[1], {**env, **pipeline}, api)]
-        headers = auth.authorization(pipeline[auth.PREFECT_AUTH])
+        headers = access.authorization(pipeline[access.PREFECT_AUTH])
         _wait_online(api, 2, headers)
         states = _wait_done(api, _burst(api, headers), headers)
         assert list(states.values()) == ["COMPLETED"] * RUNS, states

@@ -25,6 +25,7 @@ import pytest
 import services as services_module
 from services import auth
 from services.processes import post_json
+from tasks import access
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
@@ -46,7 +47,7 @@ def _deployment_run(root: Path, env: dict[str, str], *params: str, watch_timeout
         [str(BIN / "prefect"), "deployment", "run", "preprocess-train/geolife", *args]
         + ["--watch", "--watch-interval", "2", "--watch-timeout", str(watch_timeout)],
         cwd=root,
-        env={**env, "PREFECT_API_URL": api, auth.PREFECT_AUTH: _pipeline(root)[auth.PREFECT_AUTH]},
+        env={**env, "PREFECT_API_URL": api, access.PREFECT_AUTH: _pipeline(root)[access.PREFECT_AUTH]},
         capture_output=True,
         text=True,
         timeout=watch_timeout + 100,
@@ -119,7 +120,7 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
 
     # the MLflow UI's server sees the runs the deployment wrote into ./mlruns
     mlflow = f"http://127.0.0.1:{env['NEXTLOC_MLFLOW_PORT']}"
-    login = auth.mlflow_login(_pipeline(root))
+    login = access.mlflow_login(_pipeline(root))
     experiment = _get(
         f"{mlflow}/api/2.0/mlflow/experiments/get-by-name?experiment_name=nextloc-geolife", login
     )
@@ -147,7 +148,7 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
     artifacts = _post(
         f"{api}/artifacts/filter",
         {"artifacts": {"key": {"any_": ["preprocess-train-summary"]}}},
-        headers=auth.authorization(_pipeline(root)[auth.PREFECT_AUTH]),
+        headers=access.authorization(_pipeline(root)[access.PREFECT_AUTH]),
     )
     assert artifacts, "no summary artifact"
     summary = artifacts[0]["data"]

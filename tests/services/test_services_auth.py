@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from services import auth
+from tasks import access
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ ANSWERS: list[dict] = []  # every request tried: who, what, the HTTP answer
 
 def _request(method: str, url: str, body: dict | None = None, who: str = "nobody", creds: str | None = None):
     """The HTTP status and body of one request (never raises on an HTTP error); recorded in ANSWERS."""
-    headers = {"Content-Type": "application/json", **(auth.authorization(creds) if creds else {})}
+    headers = {"Content-Type": "application/json", **(access.authorization(creds) if creds else {})}
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
@@ -47,7 +48,7 @@ def _request(method: str, url: str, body: dict | None = None, who: str = "nobody
 
 
 def _mlflow_creds(values: dict[str, str]) -> str:
-    return f"{values[auth.MLFLOW_USERNAME]}:{values[auth.MLFLOW_PASSWORD]}"
+    return f"{values[access.MLFLOW_USERNAME]}:{values[access.MLFLOW_PASSWORD]}"
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +196,7 @@ def _unchanged(s, st) -> None:
         "deployments": {"name": {"any_": ["geolife"]}}
     }  # preprocess-train/geolife: one run, the fixture's
     status, text = _request(
-        "POST", f"{s.api}/flow_runs/filter", body, "pipeline", s.pipeline[auth.PREFECT_AUTH]
+        "POST", f"{s.api}/flow_runs/filter", body, "pipeline", s.pipeline[access.PREFECT_AUTH]
     )
     assert [r["id"] for r in json.loads(text)] == [s.flow_run_id], text[:3000]
 
@@ -207,7 +208,7 @@ def _create_flow_run(s, who: str, creds: str | None) -> int:
             f"{s.api}/deployments/filter",
             {"deployments": {"name": {"any_": ["geolife"]}}},
             "pipeline",
-            s.pipeline[auth.PREFECT_AUTH],
+            s.pipeline[access.PREFECT_AUTH],
         )[1]
     )
     url = f"{s.api}/deployments/{deployment['id']}/create_flow_run"
@@ -232,7 +233,7 @@ def test_without_or_with_wrong_credentials_everything_is_refused(team_services, 
 def test_the_reader_reads_and_every_write_into_the_pipelines_work_is_refused(team_services, state):
     s = team_services
     reader = _mlflow_creds(s.reader)
-    assert auth.PREFECT_AUTH not in s.reader  # Prefect OSS has one identity: the reader gets none
+    assert access.PREFECT_AUTH not in s.reader  # Prefect OSS has one identity: the reader gets none
     for what, method, url, body in _reads(s, state):
         creds = None if url.startswith(s.api) else reader
         status, text = _request(method, url, body, "reader", creds)
@@ -273,7 +274,7 @@ def test_reader_predicts_and_a_refused_client_names_the_service(team_services, s
         )
         assert answer.returncode == 0, answer.stderr[-3000:]
         assert json.loads(answer.stdout)[0]["places"]
-    wrong = {auth.MLFLOW_USERNAME: "nextloc-reader", auth.MLFLOW_PASSWORD: "wrong"}
+    wrong = {access.MLFLOW_USERNAME: "nextloc-reader", access.MLFLOW_PASSWORD: "wrong"}
     for extra, said in (({}, "without credentials"), (wrong, "the credentials in")):
         refused = subprocess.run(
             predict, cwd=tmp_path, env={**s.env, **extra}, capture_output=True, text=True, timeout=300
@@ -283,7 +284,7 @@ def test_reader_predicts_and_a_refused_client_names_the_service(team_services, s
         assert f"the MLflow tracking server at {s.mlflow} refused" in message, message
         assert said in message
         assert "Traceback" not in refused.stderr
-    for extra in ({}, {auth.PREFECT_AUTH: "nextloc:wrong"}):
+    for extra in ({}, {access.PREFECT_AUTH: "nextloc:wrong"}):
         worker = subprocess.run(
             [NEXTLOC, "worker", "--api", s.api],
             cwd=tmp_path,
@@ -295,6 +296,13 @@ def test_reader_predicts_and_a_refused_client_names_the_service(team_services, s
         assert worker.returncode == 2, worker.stderr[-2000:]
         assert f"the Prefect API at {s.api} refused" in " ".join(worker.stderr.split())
         assert "Traceback" not in worker.stderr
+    # `nextloc run` reporting to the services: refused before any work, naming the Prefect API
+    run = [NEXTLOC, "run", "--raw-dir", str(sample_dir), "--data-dir", "data/x", "--model", "markov"]
+    env = {**s.env, "PREFECT_API_URL": s.api, access.PREFECT_AUTH: "nextloc:wrong"}
+    refused = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert f"the Prefect API at {s.api} refused the credentials in" in " ".join(refused.stderr.split())
+    assert not (tmp_path / "data" / "x").exists()
 
 
 def test_credentials_are_private_files_never_in_argv_logs_params_or_parameters(team_services, state):
@@ -328,10 +336,10 @@ def test_credentials_are_private_files_never_in_argv_logs_params_or_parameters(t
         pipe,
     )
     _, flow_run = _request(
-        "GET", f"{s.api}/flow_runs/{s.flow_run_id}", None, "pipeline", s.pipeline[auth.PREFECT_AUTH]
+        "GET", f"{s.api}/flow_runs/{s.flow_run_id}", None, "pipeline", s.pipeline[access.PREFECT_AUTH]
     )
     _, deployments = _request(
-        "POST", f"{s.api}/deployments/filter", {}, "pipeline", s.pipeline[auth.PREFECT_AUTH]
+        "POST", f"{s.api}/deployments/filter", {}, "pipeline", s.pipeline[access.PREFECT_AUTH]
     )
     for text in (runs, flow_run, deployments):
         assert not any(x in text for x in secrets)
@@ -354,7 +362,7 @@ def test_mlflow_answers_only_its_own_host_names(team_services):
     reader = _mlflow_creds(s.reader)
     request = urllib.request.Request(
         f"{s.mlflow}/api/2.0/mlflow/experiments/search?max_results=1",
-        headers={"Host": "attacker.example", **auth.authorization(reader)},
+        headers={"Host": "attacker.example", **access.authorization(reader)},
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)

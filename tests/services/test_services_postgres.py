@@ -27,6 +27,7 @@ import pytest
 import services as svc_module
 from services import auth
 from services.processes import post_json
+from tasks import access
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -152,7 +153,7 @@ def test_postgres_backs_prefect_and_mlflow(pg_services):
         assert response.status == 200
 
     # MLflow's tracking store is nextloc_mlflow: an experiment made through the UI's server is a row there
-    login = auth.mlflow_login(auth.credentials(services, auth.PIPELINE))
+    login = access.mlflow_login(auth.credentials(services, auth.PIPELINE))
     created = post_json(
         f"{services.mlflow_url}/api/2.0/mlflow/experiments/create", {"name": "pg-check"}, 30, login
     )
@@ -211,7 +212,7 @@ def test_db_url_uses_an_existing_server(pg_services):
         assert "prefect-server  running" in status.stdout
         # the tracking server keeps its store on that server: an experiment made through it is a row there
         client = json.loads((root / ".services" / "client.json").read_text())
-        login = auth.mlflow_login(auth.credentials(svc_module.Services(root, db_url=None), auth.PIPELINE))
+        login = access.mlflow_login(auth.credentials(svc_module.Services(root, db_url=None), auth.PIPELINE))
         created = post_json(
             f"{client['tracking_uri']}/api/2.0/mlflow/experiments/create", {"name": "db-url-check"}, 30, login
         )
