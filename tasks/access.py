@@ -53,7 +53,7 @@ def _refused(service: str, err: urllib.error.HTTPError, variables: str, given: b
     )
     return ServiceRefused(
         f"{service} refused {what}: HTTP {err.code}. Set {variables} to the services' credentials "
-        "(`nextloc services credentials pipeline` or `... reader` on the services' machine prints them), "
+        "(`nextloc services credentials [--identity reader]` on the services' machine prints them), "
         "or put that output in .services/auth/<identity>.env of this project folder"
     )
 
