@@ -41,6 +41,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from services import auth
+from services.layout import Services
+from tasks import access
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SAMPLE = REPO.parent / "shared" / "data" / "geolife-sample"
@@ -66,13 +70,19 @@ def _free_port() -> int:
 
 #: HTTP errors this script met, by status code (its own requests, retried as Prefect's client does).
 CLIENT_HTTP_ERRORS: dict[int, int] = {}
+#: The pipeline's credentials for the Prefect API (``make services`` turns authentication on), set by
+#: :func:`run_load` once the services have started.
+PREFECT_HEADERS: dict[str, str] = {}
 
 
 def _request(url: str, body: dict | None = None, timeout: float = 30.0, attempts: int = 1) -> Any:
     """GET (or POST ``body``) JSON; a 503/429 is counted and, with ``attempts`` > 1, retried after 1, 2, 4 s."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json"}, method="GET" if body is None else "POST"
+        url,
+        data=data,
+        headers={"Content-Type": "application/json", **PREFECT_HEADERS},
+        method="GET" if body is None else "POST",
     )
     for attempt in range(attempts):
         try:
@@ -155,13 +165,16 @@ def run_load(
     try:
         if started.returncode != 0:
             raise RuntimeError(f"services did not start: {started.stderr[-3000:]}")
+        pipeline = auth.credentials(Services(root, db_url=None), auth.PIPELINE)
+        PREFECT_HEADERS.update(access.authorization(pipeline[access.PREFECT_AUTH]))
         result.update(_burst(api, root, sample, runs, neural, timeout_s))
-        result.update(_check_mlflow(root))
+        result.update(_check_mlflow(root, pipeline))
     finally:
         stopped = subprocess.run(
             [nextloc, "services", "stop"], cwd=root, env=env, capture_output=True, text=True, timeout=300
         )
         result["services_stopped"] = stopped.returncode == 0
+        PREFECT_HEADERS.clear()
         result.update(_scan_logs(root))
     return result
 
@@ -281,8 +294,22 @@ def _failure(api: str, run_id: str) -> dict[str, Any]:
     }
 
 
-def _check_mlflow(root: Path) -> dict[str, Any]:
-    """Every run's status and every registered model's champion, read from the services' store."""
+def _check_mlflow(root: Path, login: dict[str, str]) -> dict[str, Any]:
+    """Every run's status and every registered model's champion, read from the services' store as the
+    pipeline's user (``login``: its variables, which MLflow's client reads from the environment)."""
+    saved = {key: os.environ.get(key) for key in login}
+    os.environ.update(login)
+    try:
+        return _read_mlflow(root)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _read_mlflow(root: Path) -> dict[str, Any]:
     from mlflow import MlflowClient
 
     uri = json.loads((root / ".services" / "client.json").read_text())["tracking_uri"]

@@ -190,8 +190,15 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
 def _services_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "action",
-        choices=["start", "stop", "status", "copy-store"],
-        help="copy-store: copy an MLflow store (default the SQLite mlruns/mlflow.db) into the services' PostgreSQL",
+        choices=["start", "stop", "status", "copy-store", "credentials"],
+        help="copy-store: copy an MLflow store (default the SQLite mlruns/mlflow.db) into the services' "
+        "PostgreSQL; credentials: print an identity's credentials (docs/services.md)",
+    )
+    parser.add_argument(
+        "--identity",
+        choices=["pipeline", "reader"],
+        default="pipeline",
+        help="credentials: pipeline (workers, runs; default) or reader (the UIs, predict, serve)",
     )
     parser.add_argument(
         "--backend",

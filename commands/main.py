@@ -27,9 +27,16 @@ from commands.args import (
 )
 from flows import configure_environment
 from services import local_api
+from services.auth import PIPELINE, READER, use_credentials
 from tasks import compat
+from tasks.access import ServiceRefused, check_prefect
 
 log = logging.getLogger("nextloc.cli")
+#: Whose credentials (``.services/auth/<identity>.env``, where the environment has none) each command uses.
+IDENTITIES = {
+    **dict.fromkeys(("run", "train", "preprocess", "worker"), (PIPELINE,)),
+    **dict.fromkeys(("predict", "serve", "evaluate", "compare"), (READER, PIPELINE)),
+}
 
 
 def entry() -> NoReturn:
@@ -46,11 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_environment()
     _setup_cli_logging()
+    if args.command in IDENTITIES:
+        use_credentials(Path.cwd(), IDENTITIES[args.command])
     if args.command != "services":
         _report_to_services()
+    api = getattr(args, "api", None) or os.environ.get("PREFECT_API_URL")
     try:
+        if IDENTITIES.get(args.command) == (PIPELINE,) and api:
+            check_prefect(api)  # a refused credential named now, not as a traceback from the flow
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, ServiceRefused) as err:
         log.error("%s", err)
         return 2
     finally:
@@ -389,6 +401,8 @@ def _cmd_services(args: argparse.Namespace) -> int:
         log.info("stopped: %s", ", ".join(stopped) or "nothing was running")
     elif args.action == "copy-store":
         return _copy_store(svc, args.source, args.target)
+    elif args.action == "credentials":
+        sys.stdout.write(services.credentials_text(svc, args.identity))
     else:
         for name, pid in services.status(svc).items():
             sys.stdout.write(f"{name:15s} {'running, pid ' + str(pid) if pid else 'stopped'}\n")

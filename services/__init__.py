@@ -38,6 +38,7 @@ serve``: MLflow's scoring server for one registered model, in the foreground). T
 of the ``nextloc`` library: it starts Prefect's and MLflow's servers as processes.
 """
 
+from services.auth import credentials_text
 from services.layout import MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
 from services.postgres import ensure_databases, postgres_bin_dir, start_postgres
 from services.processes import running_pid
@@ -49,6 +50,7 @@ __all__ = [
     "SERVICE_NAMES",
     "Services",
     "client_settings",
+    "credentials_text",
     "ensure_databases",
     "postgres_bin_dir",
     "running_pid",

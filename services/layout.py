@@ -11,6 +11,8 @@ HOST = "127.0.0.1"
 BACKENDS = ("postgres", "sqlite")
 PREFECT_DB = "nextloc_prefect"
 MLFLOW_DB = "nextloc_mlflow"
+#: MLflow's basic-auth app keeps its users and permissions here (:mod:`services.auth`).
+MLFLOW_AUTH_DB = "nextloc_mlflow_auth"
 DB_USER = "nextloc"
 #: Stop order: the worker first, PostgreSQL last (everything else talks to it).
 SERVICE_NAMES = ("worker", "mlflow", "prefect-server", "postgres")
@@ -73,6 +75,16 @@ class Services:
     def password_file(self) -> Path:
         """The generated password of the local server's user ``nextloc`` (mode 0600)."""
         return self.pg_folder / "password"
+
+    @property
+    def auth_folder(self) -> Path:
+        """``.services/auth``: the generated credentials (:mod:`services.auth`), each file mode 0600."""
+        return self.folder / "auth"
+
+    def credentials_file(self, name: str) -> Path:
+        """``.services/auth/<name>.env``: one identity's credentials (``pipeline``, ``reader``) or the
+        tracking server's own secrets (``mlflow-server``), as ``KEY=VALUE`` lines."""
+        return self.auth_folder / f"{name}.env"
 
     @property
     def client_file(self) -> Path:

@@ -78,14 +78,15 @@ def wait_http(services: Services, name: str, url: str, timeout_s: float) -> None
     )
 
 
-def wait_worker(services: Services, pool: str, timeout_s: float) -> None:
-    """Wait until the services' worker is online in the work pool ``pool``."""
+def wait_worker(services: Services, pool: str, timeout_s: float, headers: dict[str, str]) -> None:
+    """Wait until the services' worker is online in the work pool ``pool`` (``headers``: the API's
+    credentials)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if running_pid(services, "worker") is None:
             raise RuntimeError(f"the worker exited; see {services.log_file('worker')}")
         with contextlib.suppress(OSError, ValueError):
-            workers = post_json(f"{services.api_url}/work_pools/{pool}/workers/filter")
+            workers = post_json(f"{services.api_url}/work_pools/{pool}/workers/filter", headers=headers)
             if any(w.get("status") == "ONLINE" for w in workers):
                 log.info("worker online in work pool %s", pool)
                 return
@@ -95,10 +96,16 @@ def wait_worker(services: Services, pool: str, timeout_s: float) -> None:
     )
 
 
-def post_json(url: str, body: dict | None = None, timeout_s: float = 5.0) -> Any:
-    """POST ``body`` (default ``{}``, as a Prefect API filter endpoint takes it) as JSON; the decoded answer."""
+def post_json(
+    url: str, body: dict | None = None, timeout_s: float = 5.0, headers: dict[str, str] | None = None
+) -> Any:
+    """POST ``body`` (default ``{}``, as a Prefect API filter endpoint takes it) as JSON, with ``headers``
+    (credentials: :func:`services.auth.authorization`); the decoded answer."""
     request = urllib.request.Request(
-        url, data=json.dumps(body or {}).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        url,
+        data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method="POST",
     )
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return json.loads(response.read())

@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import services.auth as auth
 from flows import OFFLINE_DEFAULTS
 from flows.serve import WORK_POOL
-from services.layout import MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
+from services.layout import MLFLOW_AUTH_DB, MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
 from services.postgres import ensure_databases, start_postgres
 from services.processes import (
     launch,
@@ -30,6 +31,11 @@ _NOT_INHERITED = (
     "MLFLOW_BACKEND_STORE_URI",
     "PREFECT_API_DATABASE_CONNECTION_URL",
     "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    "PREFECT_SERVER_API_AUTH_STRING",
+    "MLFLOW_AUTH_CONFIG_PATH",
+    auth.PREFECT_AUTH,
+    auth.MLFLOW_USERNAME,
+    auth.MLFLOW_PASSWORD,
 )
 
 
@@ -44,20 +50,24 @@ def start(services: Services, timeout_s: float = 180.0, worker: bool = True) -> 
     services.folder.mkdir(parents=True, exist_ok=True)
     services.artifacts.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in {**os.environ, **OFFLINE_DEFAULTS}.items() if k not in _NOT_INHERITED}
+    auth.ensure_credentials(services)
     # the UI asks the API at PREFECT_UI_API_URL (default 127.0.0.1:4200): on another port it must be told
     server_env = {
         **base,
         "PREFECT_HOME": str(services.folder / "prefect"),
         "PREFECT_UI_API_URL": services.api_url,
+        **auth.prefect_server_env(services),
     }
     if services.backend == "postgres":
         if services.db_url is None:
             start_postgres(services, timeout_s)
-        ensure_databases(services.server_url(), (PREFECT_DB, MLFLOW_DB), timeout_s)
+        ensure_databases(services.server_url(), (PREFECT_DB, MLFLOW_DB, MLFLOW_AUTH_DB), timeout_s)
         server_env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = services.database_url(PREFECT_DB, "asyncpg")
         store_uri = services.database_url(MLFLOW_DB, "psycopg")
+        auth_uri = services.database_url(MLFLOW_AUTH_DB, "psycopg")
     else:
         store_uri = f"sqlite:///{services.root.resolve() / 'mlruns' / 'mlflow.db'}"
+        auth_uri = f"sqlite:///{services.auth_folder.resolve() / 'basic_auth.db'}"
     # clients get the tracking server's URL, never the store's (which may hold the password)
     client = {
         "tracking_uri": services.mlflow_url,
@@ -66,14 +76,16 @@ def start(services: Services, timeout_s: float = 180.0, worker: bool = True) -> 
     }
     write_private(services.client_file, json.dumps(client, indent=1) + "\n")
     _launch_prefect_server(services, server_env)
-    _launch_mlflow(services, base, store_uri)
+    _launch_mlflow(services, {**base, **auth.mlflow_server_env(services, auth_uri)}, store_uri)
     wait_http(services, "prefect-server", f"{services.api_url}/health", timeout_s)
     wait_http(services, "mlflow", f"{services.mlflow_url}/health", timeout_s)
+    auth.provision_mlflow_users(services)
     _register_deployments(services, base, timeout_s)
     if worker:
         nextloc = str(Path(sys.executable).parent / "nextloc")
         launch(services, "worker", [nextloc, "worker"], _run_env(services, base))
-        wait_worker(services, WORK_POOL, timeout_s)
+        pipeline = auth.credentials(services, auth.PIPELINE)
+        wait_worker(services, WORK_POOL, timeout_s, auth.authorization(pipeline[auth.PREFECT_AUTH]))
 
 
 def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:
@@ -91,25 +103,29 @@ def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def _launch_mlflow(services: Services, base: dict[str, str], store_uri: str) -> None:
+def _launch_mlflow(services: Services, env: dict[str, str], store_uri: str) -> None:
     """``mlflow server`` over ``store_uri`` (in its environment, not argv: it may hold the password), with
     its artifact proxy over ``mlruns/artifacts``: new experiments store artifacts at ``mlflow-artifacts:/``,
-    which clients read and write through the server."""
+    which clients read and write through the server. MLflow's basic-auth app asks every request but
+    ``/health`` and static files for a user (:mod:`services.auth`); only the services' own host names are
+    answered (``--allowed-hosts``)."""
     mlflow = str(Path(sys.executable).parent / "mlflow")
     launch(
         services,
         "mlflow",
         [mlflow, "server", "--serve-artifacts", "--artifacts-destination", str(services.artifacts.resolve())]
-        + ["--host", services.host, "--port", str(services.mlflow_port), "--workers", "1"],
-        {**base, **MLFLOW_SERVER_ENV, "MLFLOW_BACKEND_STORE_URI": store_uri},
+        + ["--host", services.host, "--port", str(services.mlflow_port), "--workers", "1"]
+        + ["--app-name", "basic-auth", "--allowed-hosts", auth.allowed_hosts(services)],
+        {**env, **MLFLOW_SERVER_ENV, "MLFLOW_BACKEND_STORE_URI": store_uri},
     )
 
 
 def _run_env(services: Services, base: dict[str, str]) -> dict[str, str]:
     """What a client of the services needs (the registration and the services' worker): their Prefect API,
-    the MLflow tracking server, a Prefect home of this project folder."""
+    the MLflow tracking server, the pipeline's credentials, a Prefect home of this project folder."""
     return {
         **base,
+        **auth.credentials(services, auth.PIPELINE),
         "PREFECT_API_URL": services.api_url,
         "NEXTLOC_TRACKING_URI": services.mlflow_url,
         "NEXTLOC_MLFLOW_UI_URL": services.mlflow_url,

@@ -75,11 +75,17 @@ def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIM
 
     Creating and tagging happen under :func:`tasks.locking.registry_lock`: runs starting at once on a fresh
     store would otherwise race to insert the same rows.
+
+    Raises:
+        tasks.access.ServiceRefused: a tracking server refused this process's credentials.
     """
     import mlflow
     from mlflow import MlflowClient
 
+    from tasks.access import check_mlflow
+
     uri = tracking_uri or default_tracking_uri()
+    check_mlflow(uri)  # a refused credential named, with what to set, before MLflow's own error
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     client = MlflowClient()

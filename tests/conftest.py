@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -387,3 +388,92 @@ def _peak_rss_mb(args: list[str], cwd: Path) -> float:
 def peak_rss_mb() -> Callable[[list[str], Path], float]:
     """``peak_rss_mb(args, cwd)``: run ``nextloc args`` in a fresh process; the peak RSS (MB) of its tree."""
     return _peak_rss_mb
+
+
+@dataclass(frozen=True)
+class TeamServices:
+    """What :func:`team_services` started: the folder, its services' URLs, each identity's credentials
+    (``KEY=VALUE`` of ``.services/auth/<identity>.env``), and the deployment run it made."""
+
+    root: Path
+    env: dict[str, str]  # for commands in ``root``: its ports and Prefect home, no credentials
+    api: str
+    mlflow: str
+    pipeline: dict[str, str]
+    reader: dict[str, str]
+    flow_run_id: str
+
+
+def _team_env(root: Path) -> dict[str, str]:
+    import socket
+
+    env = {**os.environ, "PREFECT_HOME": str(root / ".prefect"), "PYTHONPATH": str(REPO)}
+    for name in ("PREFECT", "MLFLOW", "PG"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            env[f"NEXTLOC_{name}_PORT"] = str(s.getsockname()[1])
+    for key in ("PREFECT_API_URL", "NEXTLOC_DB_URL", "NEXTLOC_TRACKING_URI", "MLFLOW_TRACKING_URI"):
+        env.pop(key, None)
+    for key in ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        env.pop(key, None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def team_services(sample_dir) -> Iterator[TeamServices]:
+    """``nextloc services start`` (authentication on) in a /tmp project folder on free 127.0.0.1 ports
+    (PostgreSQL; SQLite without its binaries), and one ``preprocess-train/geolife`` run (markov on the
+    sample) triggered with the pipeline's credentials, completed; the services are stopped at the end."""
+    import subprocess
+    import sys
+    import time
+
+    import services as svc_module
+    from services import auth
+    from services.processes import post_json
+    from tasks import access
+
+    root = Path(tempfile.mkdtemp(prefix="nextloc-auth-", dir="/tmp"))
+    root.chmod(0o755)  # as root, PostgreSQL runs as the postgres user, which must reach .services/pg
+    env = _team_env(root)
+    try:
+        svc_module.postgres_bin_dir()
+    except RuntimeError:
+        env["NEXTLOC_SERVICES_BACKEND"] = "sqlite"
+    nextloc = [str(Path(sys.executable).parent / "nextloc"), "services"]
+    started = subprocess.run([*nextloc, "start"], cwd=root, env=env, capture_output=True, text=True)
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        services = svc_module.Services(
+            root, *(int(env[f"NEXTLOC_{n}_PORT"]) for n in ("PREFECT", "MLFLOW", "PG")), db_url=None
+        )
+        pipeline = auth.credentials(services, auth.PIPELINE)
+        headers = access.authorization(pipeline[access.PREFECT_AUTH])
+        [deployment] = post_json(
+            f"{services.api_url}/deployments/filter",
+            {"deployments": {"name": {"any_": ["geolife"]}}},
+            30,
+            headers,
+        )
+        params = {"raw_dir": str(sample_dir), "data_dir": "data/auth", "models": ["markov"], "seeds": [0]}
+        url = f"{services.api_url}/deployments/{deployment['id']}/create_flow_run"
+        run = post_json(url, {"parameters": params}, 30, headers)
+        deadline = time.monotonic() + 900
+        state = None
+        while time.monotonic() < deadline and state not in ("COMPLETED", "FAILED", "CRASHED"):
+            time.sleep(2)
+            body = {"flow_runs": {"id": {"any_": [run["id"]]}}}
+            state = post_json(f"{services.api_url}/flow_runs/filter", body, 30, headers)[0]["state_type"]
+        assert state == "COMPLETED", state
+        yield TeamServices(
+            root,
+            env,
+            services.api_url,
+            services.mlflow_url,
+            pipeline,
+            auth.credentials(services, auth.READER),
+            run["id"],
+        )
+    finally:
+        subprocess.run([*nextloc, "stop"], cwd=root, env=env, capture_output=True, timeout=300)
+        shutil.rmtree(root, ignore_errors=True)

@@ -181,9 +181,12 @@ def _experiment_id(mlflow_url: str) -> str:
         return json.loads(response.read())["experiment"]["experiment_id"]
 
 
-def _chromium(extra_flags: tuple[str, ...] = (), console: bool = False) -> Iterator[object]:
+def _chromium(
+    extra_flags: tuple[str, ...] = (), console: bool = False, network: bool = False
+) -> Iterator[object]:
     """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile; never Selenium Manager.
-    ``console``: keep the page's console log (``driver.get_log("browser")``)."""
+    ``console``: keep the page's console log (``driver.get_log("browser")``); ``network``: keep its
+    DevTools events (``driver.get_log("performance")``: every response's status and headers)."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
     if missing:
         pytest.skip(
@@ -201,8 +204,10 @@ def _chromium(extra_flags: tuple[str, ...] = (), console: bool = False) -> Itera
     options.binary_location = str(CHROMIUM)
     for flag in (*CHROME_FLAGS, *extra_flags, f"--user-data-dir={profile}"):
         options.add_argument(flag)
-    if console:
-        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    if console or network:
+        options.set_capability(
+            "goog:loggingPrefs", {"browser": "ALL", **({"performance": "ALL"} if network else {})}
+        )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(driver_finder.SeleniumManager, "binary_paths", refuse)
         driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
@@ -218,6 +223,12 @@ def browser() -> Iterator[object]:
     """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile, its console log kept
     (``driver.get_log("browser")``); never Selenium Manager."""
     yield from _chromium(console=True)
+
+
+@pytest.fixture(scope="session")
+def network_browser() -> Iterator[object]:
+    """:func:`browser` that also keeps every response it got (``driver.get_log("performance")``)."""
+    yield from _chromium(network=True)
 
 
 @pytest.fixture

@@ -26,7 +26,9 @@ from pathlib import Path
 import pytest
 
 import services as svc_module
-from services.processes import post_json
+from services import auth
+from services.processes import post_json, write_private
+from tasks import access
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
@@ -49,6 +51,8 @@ def _folder(prefix: str) -> Path:
 
 
 def _start_worker(folder: Path, env: dict[str, str], api: str) -> subprocess.Popen:
+    """``nextloc worker`` in ``folder``, with the pipeline's credentials in ``env`` or in the folder's
+    ``.services/auth/pipeline.env``, as another machine gets them from ``nextloc services credentials``."""
     log = open(folder / "worker.log", "ab")  # noqa: SIM115 - the worker's log for its whole life
     worker_env = {**env, "PREFECT_HOME": str(folder / ".prefect"), "PREFECT_WORKER_QUERY_SECONDS": "2"}
     return subprocess.Popen(
@@ -61,36 +65,38 @@ def _start_worker(folder: Path, env: dict[str, str], api: str) -> subprocess.Pop
     )
 
 
-def _wait_online(api: str, n: int, timeout_s: float = 120) -> None:
+def _wait_online(api: str, n: int, headers: dict[str, str], timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        workers = _post(f"{api}/work_pools/nextloc/workers/filter", {})
+        workers = _post(f"{api}/work_pools/nextloc/workers/filter", {}, headers=headers)
         if sum(w["status"] == "ONLINE" for w in workers) >= n:
             return
         time.sleep(1)
     raise AssertionError(f"{n} workers not online in {timeout_s} s")
 
 
-def _burst(api: str) -> list[str]:
-    flows = {f["id"]: f["name"] for f in _post(f"{api}/flows/filter", {})}
+def _burst(api: str, headers: dict[str, str]) -> list[str]:
+    flows = {f["id"]: f["name"] for f in _post(f"{api}/flows/filter", {}, headers=headers)}
     [deployment] = [
         d["id"]
-        for d in _post(f"{api}/deployments/filter", {})
+        for d in _post(f"{api}/deployments/filter", {}, headers=headers)
         if (flows.get(d["flow_id"]), d["name"]) == ("preprocess-train", "geolife")
     ]
     ids = []
     for seed in range(RUNS):
         params = {"data_dir": f"data/w-{seed}", "models": ["markov"], "seeds": [seed], "workers": 1}
-        run = _post(f"{api}/deployments/{deployment}/create_flow_run", {"parameters": params})
+        run = _post(
+            f"{api}/deployments/{deployment}/create_flow_run", {"parameters": params}, headers=headers
+        )
         ids.append(run["id"])
     return ids
 
 
-def _wait_done(api: str, ids: list[str], timeout_s: float = 900) -> dict[str, str]:
+def _wait_done(api: str, ids: list[str], headers: dict[str, str], timeout_s: float = 900) -> dict[str, str]:
     deadline = time.monotonic() + timeout_s
     states: dict[str, str] = {}
     while time.monotonic() < deadline:
-        runs = _post(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": ids}}})
+        runs = _post(f"{api}/flow_runs/filter", {"flow_runs": {"id": {"any_": ids}}}, headers=headers)
         states = {r["id"]: r["state_type"] for r in runs}
         if all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states.values()) and len(
             states
@@ -111,7 +117,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.timeout(1800)
-def test_two_workers_share_a_burst_and_mlflow_holds_everything(sample_dir, tmp_path):
+def test_two_workers_share_a_burst_and_mlflow_holds_everything(sample_dir, tmp_path, monkeypatch):
     services = _folder("nextloc-pool-")
     folders = [_folder(f"nextloc-worker{i}-") for i in (1, 2)]
     for folder in folders:
@@ -137,9 +143,22 @@ def test_two_workers_share_a_burst_and_mlflow_holds_everything(sample_dir, tmp_p
     workers: list[subprocess.Popen] = []
     try:
         assert started.returncode == 0, started.stderr[-3000:]
-        workers = [_start_worker(folder, env, api) for folder in folders]
-        _wait_online(api, 2)
-        states = _wait_done(api, _burst(api))
+        # what each machine is given: the first a file, the second the variables
+        printed = subprocess.run(
+            [NEXTLOC, "services", "credentials"],
+            cwd=services,
+            env=services_env,
+            capture_output=True,
+            text=True,
+        )
+        assert printed.returncode == 0, printed.stderr[-3000:]
+        (folders[0] / ".services" / "auth").mkdir(parents=True)
+        write_private(folders[0] / ".services" / "auth" / "pipeline.env", printed.stdout)
+        pipeline = auth.parse_env(printed.stdout)
+        workers = [_start_worker(folders[0], env, api), _start_worker(folders[1], {**env, **pipeline}, api)]
+        headers = access.authorization(pipeline[access.PREFECT_AUTH])
+        _wait_online(api, 2, headers)
+        states = _wait_done(api, _burst(api, headers), headers)
         assert list(states.values()) == ["COMPLETED"] * RUNS, states
         # both machines took runs: each folder holds the results of the runs it did, and only those
         took = [sorted(p.parent.name for p in (f / "data").glob("w-*/results")) for f in folders]
@@ -155,7 +174,10 @@ def test_two_workers_share_a_burst_and_mlflow_holds_everything(sample_dir, tmp_p
                 shutil.copyfile(log, out / f"two_workers_{log.parent.name}_{log.name}")
         for folder in folders:  # the workers' machines are gone: no file of theirs is read from here on
             shutil.rmtree(folder, ignore_errors=True)
-    try:
+    try:  # read by the people's read-only identity
+        reader = auth.credentials(svc_module.Services(services, db_url=None), auth.READER)
+        for key, value in reader.items():
+            monkeypatch.setenv(key, value)
         _check_mlflow_alone(mlflow_url, tmp_path, sample_dir)
     finally:
         subprocess.run([NEXTLOC, "services", "stop"], cwd=services, env=services_env, capture_output=True)
@@ -163,7 +185,8 @@ def test_two_workers_share_a_burst_and_mlflow_holds_everything(sample_dir, tmp_p
 
 
 def _check_mlflow_alone(mlflow_url: str, tmp_path: Path, sample_dir: Path) -> None:
-    """Every run, artifact and model of the burst, read through the tracking server and its artifact proxy."""
+    """Every run, artifact and model of the burst, read through the tracking server and its artifact proxy
+    (as the user in ``$MLFLOW_TRACKING_USERNAME``)."""
     import mlflow
     from mlflow import MlflowClient
 

@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 import services as services_module
+from services import auth
 from services.processes import post_json
+from tasks import access
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
@@ -45,15 +47,20 @@ def _deployment_run(root: Path, env: dict[str, str], *params: str, watch_timeout
         [str(BIN / "prefect"), "deployment", "run", "preprocess-train/geolife", *args]
         + ["--watch", "--watch-interval", "2", "--watch-timeout", str(watch_timeout)],
         cwd=root,
-        env={**env, "PREFECT_API_URL": api},
+        env={**env, "PREFECT_API_URL": api, access.PREFECT_AUTH: _pipeline(root)[access.PREFECT_AUTH]},
         capture_output=True,
         text=True,
         timeout=watch_timeout + 100,
     )
 
 
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as response:
+def _pipeline(root: Path) -> dict[str, str]:
+    """The pipeline's credentials (``make services`` turns authentication on: docs/services.md)."""
+    return auth.credentials(services_module.Services(root, db_url=None), auth.PIPELINE)
+
+
+def _get(url: str, headers: dict[str, str]) -> dict:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as response:
         return json.loads(response.read())
 
 
@@ -113,9 +120,12 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
 
     # the MLflow UI's server sees the runs the deployment wrote into ./mlruns
     mlflow = f"http://127.0.0.1:{env['NEXTLOC_MLFLOW_PORT']}"
-    experiment = _get(f"{mlflow}/api/2.0/mlflow/experiments/get-by-name?experiment_name=nextloc-geolife")
+    login = access.mlflow_login(_pipeline(root))
+    experiment = _get(
+        f"{mlflow}/api/2.0/mlflow/experiments/get-by-name?experiment_name=nextloc-geolife", login
+    )
     exp_id = experiment["experiment"]["experiment_id"]
-    runs = _post(f"{mlflow}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp_id]})["runs"]
+    runs = _post(f"{mlflow}/api/2.0/mlflow/runs/search", {"experiment_ids": [exp_id]}, headers=login)["runs"]
     tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
     parents = [r for r, t in zip(runs, tags, strict=True) if t.get("kind") == "pipeline"]
     children = [t for t in tags if t.get("mlflow.parentRunId")]
@@ -129,12 +139,16 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
     assert parent_tags["champion_challenger.mhsa.decision"] == "promoted"
     assert parent_tags["champion_challenger.markov.decision"] == "promoted"  # baselines take part too
     assert parent_tags["ingest.rows_skipped"] == "0"
-    champion = _get(f"{mlflow}/api/2.0/mlflow/registered-models/alias?name=nextloc-mhsa&alias=champion")
+    champion = _get(
+        f"{mlflow}/api/2.0/mlflow/registered-models/alias?name=nextloc-mhsa&alias=champion", login
+    )
     assert champion["model_version"]["version"] == "1"
 
     # the run's summary is a markdown artifact in Prefect, with links into the MLflow UI
     artifacts = _post(
-        f"{api}/artifacts/filter", {"artifacts": {"key": {"any_": ["preprocess-train-summary"]}}}
+        f"{api}/artifacts/filter",
+        {"artifacts": {"key": {"any_": ["preprocess-train-summary"]}}},
+        headers=access.authorization(_pipeline(root)[access.PREFECT_AUTH]),
     )
     assert artifacts, "no summary artifact"
     summary = artifacts[0]["data"]

@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 import services as svc_module
+from services import auth
 from services.processes import post_json
+from tasks import access
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -151,7 +153,10 @@ def test_postgres_backs_prefect_and_mlflow(pg_services):
         assert response.status == 200
 
     # MLflow's tracking store is nextloc_mlflow: an experiment made through the UI's server is a row there
-    created = post_json(f"{services.mlflow_url}/api/2.0/mlflow/experiments/create", {"name": "pg-check"}, 30)
+    login = access.mlflow_login(auth.credentials(services, auth.PIPELINE))
+    created = post_json(
+        f"{services.mlflow_url}/api/2.0/mlflow/experiments/create", {"name": "pg-check"}, 30, login
+    )
     assert created["experiment_id"]
     names = {r[0] for r in _sql(server, svc_module.MLFLOW_DB, "SELECT name FROM experiments")}
     assert "pg-check" in names
@@ -196,6 +201,8 @@ def test_db_url_uses_an_existing_server(pg_services):
     server = first.server_url()
     root = _project_dir()
     env = _env(root, NEXTLOC_DB_URL=server)
+    # the same databases, so the same users: the first folder's credentials (docs/services.md)
+    shutil.copytree(first.auth_folder, root / ".services" / "auth")
     try:
         started = _nextloc(root, env, "services", "start")
         assert started.returncode == 0, started.stdout + started.stderr
@@ -205,8 +212,9 @@ def test_db_url_uses_an_existing_server(pg_services):
         assert "prefect-server  running" in status.stdout
         # the tracking server keeps its store on that server: an experiment made through it is a row there
         client = json.loads((root / ".services" / "client.json").read_text())
+        login = access.mlflow_login(auth.credentials(svc_module.Services(root, db_url=None), auth.PIPELINE))
         created = post_json(
-            f"{client['tracking_uri']}/api/2.0/mlflow/experiments/create", {"name": "db-url-check"}, 30
+            f"{client['tracking_uri']}/api/2.0/mlflow/experiments/create", {"name": "db-url-check"}, 30, login
         )
         assert created["experiment_id"]
         names = {r[0] for r in _sql(server, svc_module.MLFLOW_DB, "SELECT name FROM experiments")}

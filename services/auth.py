@@ -1,0 +1,206 @@
+"""Who may use the team services: the credentials ``make services`` generates, the servers' side of them,
+and the clients' (``nextloc worker``, ``run``, ``predict``, ``serve`` and the deployments' runs).
+
+``nextloc services start`` always turns authentication on, loopback included: on a shared machine every
+local user reaches 127.0.0.1, and one code path is the one the tests exercise. The embedded defaults
+(``make run``, ``nextloc run`` with the project's local Prefect API and the SQLite MLflow store) start no
+server that listens for others and need nothing configured. Identities:
+
+* ``pipeline``: Prefect's API auth string (Prefect OSS has one identity: whoever holds it may do
+  everything there) and the MLflow user ``nextloc-pipeline``, which holds ``MANAGE`` on every experiment
+  and registered model (wildcard grants; no MLflow admin, so it cannot manage users);
+* ``reader``: the MLflow user ``nextloc-reader``, MLflow's ``default_permission`` ``READ`` on everything;
+  no Prefect credential (a Prefect credential could start runs);
+* the MLflow admin ``nextloc-admin`` manages the two users at start; its password never leaves this machine.
+
+Files, each mode 0600 in ``.services/auth/`` (:attr:`services.layout.Services.auth_folder`):
+``pipeline.env`` and ``reader.env`` (``KEY=VALUE`` lines in the variables the clients read:
+``PREFECT_API_AUTH_STRING``, ``MLFLOW_TRACKING_USERNAME``, ``MLFLOW_TRACKING_PASSWORD``; what ``nextloc
+services credentials`` prints), ``mlflow-server.env`` (the admin's password and the Flask secret key of the
+tracking server), ``basic_auth.ini`` (MLflow's auth config: its users' database, with the PostgreSQL
+password). Secrets reach the servers in their environment, never on a command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from services.layout import Services
+from services.processes import write_private
+from tasks.access import MLFLOW_PASSWORD, MLFLOW_USERNAME, PREFECT_AUTH, authorization, call_json
+
+log = logging.getLogger("nextloc.cli")
+
+PIPELINE, READER = "pipeline", "reader"
+IDENTITIES = (PIPELINE, READER)
+SERVER_SECRETS = "mlflow-server"
+PREFECT_USER = "nextloc"
+MLFLOW_ADMIN = "nextloc-admin"
+MLFLOW_USERS = {PIPELINE: "nextloc-pipeline", READER: "nextloc-reader"}
+ADMIN_PASSWORD = "MLFLOW_AUTH_ADMIN_PASSWORD"
+FLASK_SECRET = "MLFLOW_FLASK_SERVER_SECRET_KEY"
+#: What the pipeline's MLflow user may do: everything on every experiment and registered model.
+PIPELINE_GRANTS = ("experiment", "registered_model")
+
+
+def _secret() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def format_env(values: dict[str, str]) -> str:
+    """``KEY=VALUE`` lines (a shell can ``set -a; . file``; :func:`read_env_file` reads them back)."""
+    return "".join(f"{key}={value}\n" for key, value in values.items())
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The ``KEY=VALUE`` lines of ``path`` (comments and blank lines skipped); ``{}`` if it is missing."""
+    try:
+        return parse_env(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """The ``KEY=VALUE`` lines of ``text`` (comments and blank lines skipped)."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def credentials(services: Services, identity: str) -> dict[str, str]:
+    """The variables of ``identity``'s file (``pipeline``, ``reader``, ``mlflow-server``); ``{}`` without one."""
+    return read_env_file(services.credentials_file(identity))
+
+
+def ensure_credentials(services: Services) -> None:
+    """Generate the credential files that are missing (existing ones are kept, as the users in the
+    databases are)."""
+    services.auth_folder.mkdir(parents=True, exist_ok=True)
+    services.auth_folder.chmod(0o700)
+    wanted = {
+        PIPELINE: {
+            PREFECT_AUTH: f"{PREFECT_USER}:{_secret()}",
+            MLFLOW_USERNAME: MLFLOW_USERS[PIPELINE],
+            MLFLOW_PASSWORD: _secret(),
+        },
+        READER: {MLFLOW_USERNAME: MLFLOW_USERS[READER], MLFLOW_PASSWORD: _secret()},
+        SERVER_SECRETS: {ADMIN_PASSWORD: _secret(), FLASK_SECRET: _secret()},
+    }
+    for name, values in wanted.items():
+        path = services.credentials_file(name)
+        if not path.is_file():
+            write_private(path, format_env(values))
+            log.info("generated credentials %s", path)
+
+
+def prefect_server_env(services: Services) -> dict[str, str]:
+    """The Prefect server's side: the pipeline's auth string, required on every API request but health."""
+    return {"PREFECT_SERVER_API_AUTH_STRING": credentials(services, PIPELINE)[PREFECT_AUTH]}
+
+
+def mlflow_server_env(services: Services, auth_database_uri: str) -> dict[str, str]:
+    """The tracking server's side: its ``basic_auth.ini`` (written here, 0600: the database URI holds the
+    PostgreSQL password), the admin's password and the Flask secret key."""
+    config = services.auth_folder / "basic_auth.ini"
+    write_private(
+        config,
+        "[mlflow]\ndefault_permission = READ\n"
+        f"database_uri = {auth_database_uri}\nadmin_username = {MLFLOW_ADMIN}\n",
+    )
+    own = credentials(services, SERVER_SECRETS)
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(config.resolve()), **own}
+
+
+def allowed_hosts(services: Services) -> str:
+    """MLflow's ``--allowed-hosts`` (against DNS rebinding): the services' address, and loopback's names."""
+    names = dict.fromkeys([services.host, "127.0.0.1", "localhost"])
+    return ",".join(f"{name}{port}" for name in names for port in ("", f":{services.mlflow_port}"))
+
+
+def provision_mlflow_users(services: Services) -> None:
+    """As the MLflow admin: create the pipeline's and the reader's users (or reset their passwords to the
+    files'), and grant the pipeline ``MANAGE`` on every experiment and registered model. What exists
+    already (services started again on the same database) is kept.
+
+    Raises:
+        RuntimeError: the server refused the admin or a request, naming the server and what it answered.
+    """
+    admin = authorization(f"{MLFLOW_ADMIN}:{credentials(services, SERVER_SECRETS)[ADMIN_PASSWORD]}")
+    api = f"{services.mlflow_url}/api/2.0/mlflow/users"
+    grant = f"{services.mlflow_url}/api/3.0/mlflow/users/permissions/grant"
+    try:
+        for identity in IDENTITIES:
+            own = credentials(services, identity)
+            user = {"username": own[MLFLOW_USERNAME], "password": own[MLFLOW_PASSWORD]}
+            if not _admin_call(f"{api}/create", "POST", user, admin):
+                _admin_call(f"{api}/update-password", "PATCH", user, admin)
+        for resource_type in PIPELINE_GRANTS:
+            body = {"resource_type": resource_type, "resource_id": "*", "permission": "MANAGE"}
+            _admin_call(grant, "POST", {"username": MLFLOW_USERS[PIPELINE], **body}, admin)
+    except urllib.error.HTTPError as err:
+        hint = (
+            f": its users' database was made with another admin password than "
+            f"{services.credentials_file(SERVER_SECRETS)} holds"
+            if err.code == 401
+            else ""
+        )
+        raise RuntimeError(
+            f"the MLflow tracking server at {services.mlflow_url} refused its admin {MLFLOW_ADMIN} "
+            f"({err.code} on {urllib.parse.urlsplit(err.url).path}){hint}"
+        ) from None
+    log.info("MLflow users %s ready", ", ".join(MLFLOW_USERS.values()))
+
+
+def _admin_call(url: str, method: str, body: dict, headers: dict[str, str]) -> bool:
+    """One admin request; False if what it creates exists already (``RESOURCE_ALREADY_EXISTS``)."""
+    try:
+        call_json(url, method, body, headers)
+    except urllib.error.HTTPError as err:
+        if err.code == 400 and b"RESOURCE_ALREADY_EXISTS" in err.read():
+            return False
+        raise
+    return True
+
+
+def credentials_text(services: Services, identity: str) -> str:
+    """What ``nextloc services credentials --identity <identity>`` prints: where the services are, then the
+    identity's variables (save them as ``.services/auth/<identity>.env`` of a project folder, mode 0600,
+    or export them).
+
+    Raises:
+        FileNotFoundError: the services were never started here (no credentials generated).
+    """
+    values = credentials(services, identity)
+    if not values:
+        raise FileNotFoundError(
+            f"no credentials in {services.auth_folder}: `nextloc services start` (make services) generates them"
+        )
+    where = {PIPELINE: "a worker or a pipeline run", READER: "a person: the MLflow UI, predict, serve"}[
+        identity
+    ]
+    head = (
+        f"# {identity}: {where}. Save as .services/auth/{identity}.env in the project folder (chmod 600),\n"
+        f"# or export these. Prefect API {services.api_url}, MLflow {services.mlflow_url}\n"
+    )
+    return head + format_env(values)
+
+
+# --- the clients' side ----------------------------------------------------------------------------
+
+
+def use_credentials(root: Path, identities: tuple[str, ...]) -> str | None:
+    """Put the first of ``identities`` whose file is in ``root/.services/auth`` into this process's
+    environment, where the variables are not set already (the environment wins); the identity, or None."""
+    for identity in identities:
+        values = credentials(Services(root, backend="postgres", db_url=None), identity)
+        if values:
+            for key, value in values.items():
+                os.environ.setdefault(key, value)
+            log.debug("credentials of %s from %s/.services/auth", identity, root)
+            return identity
+    return None

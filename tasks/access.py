@@ -1,0 +1,99 @@
+"""Whether a service lets this process in: the credentials a client sends (from its environment) and a
+refusal said as one line naming the service, before any work.
+
+The variables are the tools' own: ``PREFECT_API_AUTH_STRING`` (Prefect's client and workers send it as
+HTTP basic auth) and ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (MLflow's client). Where
+they come from (the environment, else ``.services/auth/<identity>.env``) and the servers' side are
+:mod:`services.auth`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+PREFECT_AUTH = "PREFECT_API_AUTH_STRING"
+MLFLOW_USERNAME = "MLFLOW_TRACKING_USERNAME"
+MLFLOW_PASSWORD = "MLFLOW_TRACKING_PASSWORD"
+
+
+class ServiceRefused(PermissionError):
+    """A service refused this client's credentials (or their absence); the message names the service."""
+
+
+def authorization(user_pass: str) -> dict[str, str]:
+    """The HTTP basic ``Authorization`` header of ``user:password``."""
+    return {"Authorization": "Basic " + base64.b64encode(user_pass.encode()).decode()}
+
+
+def mlflow_login(values: dict[str, str]) -> dict[str, str]:
+    """The ``Authorization`` header of an identity's MLflow user (``values``: its file's variables)."""
+    return authorization(f"{values[MLFLOW_USERNAME]}:{values[MLFLOW_PASSWORD]}")
+
+
+def call_json(
+    url: str, method: str, body: dict | None, headers: dict[str, str], timeout_s: float = 30
+) -> Any:
+    """One JSON request; the decoded answer (``{}`` for an empty one). HTTP errors are raised."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **headers}
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def _refused(service: str, err: urllib.error.HTTPError, variables: str, given: bool) -> ServiceRefused:
+    what = (
+        f"the credentials in {variables}" if given else f"a request without credentials ({variables} unset)"
+    )
+    return ServiceRefused(
+        f"{service} refused {what}: HTTP {err.code}. Set {variables} to the services' credentials "
+        "(`nextloc services credentials [--identity reader]` on the services' machine prints them), "
+        "or put that output in .services/auth/<identity>.env of this project folder"
+    )
+
+
+def check_prefect(api_url: str) -> None:
+    """Raise :class:`ServiceRefused` if the Prefect API refuses this process's ``PREFECT_API_AUTH_STRING``
+    (or its absence); an unreachable API is left to the caller's own request."""
+    auth = os.environ.get(PREFECT_AUTH)
+    try:
+        call_json(
+            f"{api_url.rstrip('/')}/admin/version", "GET", None, authorization(auth) if auth else {}, 10
+        )
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            raise _refused(f"the Prefect API at {api_url}", err, PREFECT_AUTH, bool(auth)) from None
+    except OSError:
+        return
+
+
+_accepted: set[tuple[str, str | None, str | None]] = set()  # (tracking URI, user, password) a server accepted
+
+
+def check_mlflow(tracking_uri: str) -> None:
+    """Raise :class:`ServiceRefused` if an ``http(s)`` tracking server refuses this process's
+    ``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` (or their absence); other stores are not asked."""
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    user, password = os.environ.get(MLFLOW_USERNAME), os.environ.get(MLFLOW_PASSWORD)
+    if (tracking_uri, user, password) in _accepted:
+        return
+    headers = authorization(f"{user}:{password}") if user and password else {}
+    url = f"{tracking_uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        call_json(url, "GET", None, headers, 10)
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            variables = f"{MLFLOW_USERNAME}/{MLFLOW_PASSWORD}"
+            raise _refused(
+                f"the MLflow tracking server at {tracking_uri}", err, variables, bool(headers)
+            ) from None
+    except OSError:
+        return
+    _accepted.add((tracking_uri, user, password))
