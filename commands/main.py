@@ -35,7 +35,7 @@ log = logging.getLogger("nextloc.cli")
 #: Whose credentials (``.services/auth/<identity>.env``, where the environment has none) each command uses.
 IDENTITIES = {
     **dict.fromkeys(("run", "train", "preprocess", "worker"), (PIPELINE,)),
-    **dict.fromkeys(("predict", "serve", "evaluate", "compare"), (READER, PIPELINE)),
+    **dict.fromkeys(("predict", "serve", "evaluate", "compare", "ui"), (READER, PIPELINE)),
 }
 
 
