@@ -440,14 +440,14 @@ def test_the_accuracy_benchmark_splits_every_kind_by_kind_of_target(store):
     """`benchmarks/accuracy.py` on a trained folder: every kind, and its place Acc@1 split by kind of target
     adds up to the whole."""
     data_dir, _ = store
-    out = subprocess.run(
-        [sys.executable, "benchmarks/accuracy.py", "--data-dir", str(data_dir)],
+    out = subprocess.run(  # -X faulthandler: a fatal error in a native library prints where Python was
+        [sys.executable, "-X", "faulthandler", "benchmarks/accuracy.py", "--data-dir", str(data_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        check=True,
         timeout=300,
     )
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr[-4000:]}"
     report = json.loads(out.stdout)
     assert {"markov", "pointer_plus", "ranker"} <= set(report["kinds"])
     shares = report["targets_percent"]
