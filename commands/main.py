@@ -272,7 +272,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_ui(args: argparse.Namespace) -> int:
     from services.ui import ensure_ui, stop_ui
     from tasks import tracking
-    from tasks.store import default_tracking_uri
+    from tasks.store import default_tracking_uri, tracking_server
 
     if args.stop:
         log.info("stopped: %s", ", ".join(stop_ui(Path.cwd())) or "no UI was running")
@@ -283,7 +283,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         log.error("no experiment %r in %s yet: `make run` records one", args.experiment, uri)
         return 1
     try:
-        ui = uri if uri.startswith(("http://", "https://")) else ensure_ui(Path.cwd(), uri, args.port)
+        ui = tracking_server(uri) or ensure_ui(Path.cwd(), uri, args.port)
     except RuntimeError as err:
         log.error("%s", err)
         return 1

@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tasks.store import tracking_server
+
 PREFECT_AUTH = "PREFECT_API_AUTH_STRING"
 MLFLOW_USERNAME = "MLFLOW_TRACKING_USERNAME"
 MLFLOW_PASSWORD = "MLFLOW_TRACKING_PASSWORD"
@@ -79,7 +81,7 @@ _accepted: set[tuple[str, str | None, str | None]] = set()  # (tracking URI, use
 def check_mlflow(tracking_uri: str) -> None:
     """Raise :class:`ServiceRefused` if an ``http(s)`` tracking server refuses this process's
     ``MLFLOW_TRACKING_USERNAME``/``PASSWORD`` (or their absence); other stores are not asked."""
-    if not tracking_uri.startswith(("http://", "https://")):
+    if tracking_server(tracking_uri) is None:
         return
     user, password = os.environ.get(MLFLOW_USERNAME), os.environ.get(MLFLOW_PASSWORD)
     if (tracking_uri, user, password) in _accepted:

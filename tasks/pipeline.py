@@ -21,6 +21,7 @@ from nextloc.raw.duplicates import describe_pairs
 from nextloc.raw.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
 from tasks import tracking
 from tasks.catalog import Catalog
+from tasks.store import tracking_server
 
 
 @task(name="locate-raw-data")
@@ -172,4 +173,4 @@ def _ui_url(tracking_uri: str | None, explicit: str | None) -> str | None:
     if os.environ.get("NEXTLOC_MLFLOW_UI_URL"):
         return os.environ["NEXTLOC_MLFLOW_UI_URL"]
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
-    return uri if uri.startswith(("http://", "https://")) else None
+    return tracking_server(uri)

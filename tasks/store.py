@@ -9,6 +9,12 @@ from pathlib import Path
 REGISTERED_PREFIX = "nextloc-"  # one registered model per kind: tasks.tracking.registered_name
 
 
+def tracking_server(uri: str) -> str | None:
+    """``uri`` where it is an MLflow tracking server's (``http(s)://``: its UI is there too), else None (a
+    store this process opens itself)."""
+    return uri if uri.startswith(("http://", "https://")) else None
+
+
 def default_tracking_uri(root: Path | None = None) -> str:
     """``$NEXTLOC_TRACKING_URI`` (set by ``make services`` for its flow runs), else
     ``sqlite:///<root>/mlruns/mlflow.db`` (absolute path)."""
