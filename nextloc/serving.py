@@ -25,9 +25,9 @@ from nextloc.config import PreprocessConfig
 from nextloc.preprocessing.vocabulary import place_centres, place_popularity
 from nextloc.routine.answerer import RoutineAnswerer
 from nextloc.routine.novelty import NewPlaceHead
-from nextloc.routine.profile import StoredProfile
 from nextloc.routine.ranking import ROUTINE_KINDS, CandidateScorer, scorer_from_state
-from nextloc.routine.unseen import split_profile
+from nextloc.routine.tally import StoredTally
+from nextloc.routine.unseen import split_tally
 from nextloc.storage import write_json, write_parquet, write_with
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ BUNDLE_FORMAT = 1
 BUNDLE_FILE = "bundle.json"
 WEIGHTS_FILE = "weights.safetensors"
 RANKER_FILE = "ranker.txt"  # a routine ranker's trees, LightGBM's own text format
-PROFILE_FILE = "profile.parquet"  # a routine kind's users' profile: counts per key (nextloc.routine.features)
+TALLY_FILE = "profile.parquet"  # a routine kind's users' tally (nextloc.routine.tally); the name registered bundles have
 VOCABULARY_DIR = "vocabulary"
 BUNDLE_ARTIFACT = "bundle"  # the bundle's name among a registered model's artifacts
 DEFAULT_MATCH_RADIUS_M = 50.0
@@ -64,7 +64,7 @@ class ModelBundle:
             ``n_staypoints``), or None.
         users: the user vocabulary (``user_index``, ``user_id``, ...), or None.
         match_radius_m: a visit within this many metres of a location's centre is that location.
-        routine: a routine kind's model and profile (then ``scorer`` is None: it answers visits, not
+        routine: a routine kind's model and tally (then ``scorer`` is None: it answers visits, not
             packed histories).
     """
 
@@ -101,7 +101,7 @@ def save_bundle(
     locations: pd.DataFrame | None = None,
     users: pd.DataFrame | None = None,
     match_radius_m: float = DEFAULT_MATCH_RADIUS_M,
-    profile: pd.DataFrame | None = None,
+    tally: pd.DataFrame | None = None,
 ) -> Path:
     """Write a model bundle (see the module docstring) into ``folder``; every file is written atomically.
 
@@ -115,7 +115,7 @@ def save_bundle(
         locations: the dataset's location vocabulary.
         users: the dataset's user vocabulary.
         match_radius_m: the radius used to map a visit to a known location.
-        profile: a routine kind's users' profile (:meth:`nextloc.routine.features.Routine.profile`).
+        tally: a routine kind's users' tally (:meth:`nextloc.routine.features.Routine.tally`).
 
     Returns:
         ``folder``.
@@ -123,7 +123,7 @@ def save_bundle(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if kind in ROUTINE_KINDS:
-        spec = _save_routine(folder, kind, model, profile, locations)
+        spec = _save_routine(folder, kind, model, tally, locations)
     else:
         from nextloc.models.scorer import save_network  # torch: networks and baselines only
 
@@ -145,14 +145,14 @@ def save_bundle(
     return folder
 
 
-def _save_routine(folder: Path, kind: str, model, profile: pd.DataFrame | None, locations) -> dict[str, Any]:
-    if profile is None or locations is None:
-        raise ValueError(f"a {kind!r} bundle needs the users' profile and the location vocabulary")
+def _save_routine(folder: Path, kind: str, model, tally: pd.DataFrame | None, locations) -> dict[str, Any]:
+    if tally is None or locations is None:
+        raise ValueError(f"a {kind!r} bundle needs the users' tally and the location vocabulary")
     state = dict(model.state())
     trees = state.pop("model", None)
     if trees is not None:
         write_with(lambda tmp: Path(tmp).write_text(trees), folder / RANKER_FILE)
-    write_parquet(profile, folder / PROFILE_FILE)
+    write_parquet(tally, folder / TALLY_FILE)
     return {"family": "routine", "state": state, "log_prob_output": True}
 
 
@@ -165,10 +165,10 @@ def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, loc
     if (folder / RANKER_FILE).is_file():
         state["model"] = (folder / RANKER_FILE).read_text()
     num_places = int(locations["loc_index"].max()) + 1
-    profile, unseen = split_profile(pd.read_parquet(folder / PROFILE_FILE))
+    tally, unseen = split_tally(pd.read_parquet(folder / TALLY_FILE))
     return RoutineAnswerer(
         model=scorer_from_state(kind, state),
-        profile=StoredProfile.from_frame(profile),
+        tally=StoredTally.from_frame(tally),
         num_places=num_places,
         centres=place_centres(locations, num_places),
         popularity=place_popularity(locations, num_places),

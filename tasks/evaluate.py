@@ -84,7 +84,7 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
     )
     model = bundle.routine.model
     answers = torch.from_numpy(data.log_probabilities(model, split))
-    # a model registered before the unseen places' profile was kept reads the explore features alone
+    # a model registered before the unseen places' tally was kept reads the explore features alone
     explore = (
         data.explore(model, split) if bundle.routine.unseen is not None else data.candidates[split].explore
     )

@@ -178,7 +178,7 @@ def _results_json(fitted: FittedKind, evaluation: Evaluation, seconds: float, ru
 def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json: dict[str, Any]) -> None:
     """Write the run's files, log them, register the bundle, log the test metrics linked to it and describe
     its version; ``results_json`` gains the model URI, the registered version and whether the bundle holds
-    the users' profile.
+    the users' tally.
 
     The metrics come after the model: MLflow links a run's step-0 metrics to a model logged after them by
     inserting them again, which a database store answers with a duplicate-key error (``metric_pk``).
@@ -192,19 +192,19 @@ def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json:
     for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
         if catalog.vocabulary(vocab).is_file():
             tracking.log_file_artifact(run.run_id, catalog.vocabulary(vocab), "vocabulary")
-    profile = fitted.profile
-    model_uri, version, model_id = _log_bundle(run.kind, fitted.model, run.meta, evaluation, catalog, profile)
+    tally = fitted.tally
+    model_uri, version, model_id = _log_bundle(run.kind, fitted.model, run.meta, evaluation, catalog, tally)
     tracking.log_run_metrics(_flat_metrics(fitted, evaluation), model_id=model_id)
     results_json.update(
-        {"model_uri": model_uri, "registered_version": version, "holds_profile": profile is not None}
+        {"model_uri": model_uri, "registered_version": version, "holds_tally": tally is not None}
     )
     versions.describe_version(run.kind, version, run.seed, run.data.fingerprint, results_json)
     write_json(results_json, run_dir / "results.json")
 
 
-def _log_bundle(kind: str, model, meta: dict, evaluation: Evaluation, catalog: Catalog, profile=None):
+def _log_bundle(kind: str, model, meta: dict, evaluation: Evaluation, catalog: Catalog, tally=None):
     """Register the model as a bundle (weights, config, vocabulary, new-place head, a routine kind's users'
-    profile; nothing pickled) with a pyfunc that answers visits; returns ``(model_uri, version, model_id)``."""
+    tally; nothing pickled) with a pyfunc that answers visits; returns ``(model_uri, version, model_id)``."""
     # torch (both import it): only when a model trains and is registered
     from nextloc.predict.answer import example_visits
     from nextloc.serving import save_bundle
@@ -225,7 +225,7 @@ def _log_bundle(kind: str, model, meta: dict, evaluation: Evaluation, catalog: C
             head=evaluation.head,
             locations=vocab["locations"],
             users=vocab["users"],
-            profile=profile,
+            tally=tally,
         )
         return versions.log_model(bundle, example, kind, _requirements())
 

@@ -300,11 +300,11 @@ def log_model(
 VERSION_SCORES = (HEADLINE, "place_mrr", "acc@1", "mrr")
 
 
-PROFILE_NOTICE = (
-    ". Personal data: this version carries each training user's routine profile (profile.parquet in its "
+TALLY_NOTICE = (
+    ". Personal data: this version carries each training user's routine tally (profile.parquet in its "
     "bundle): visit counts per place, time-of-day slot, kind of day and move between places, and the time of "
     "the last visit per place, and the centre of each place they went to outside the model's vocabulary; "
-    "no list of visits. Delete the version to delete the profiles."
+    "no list of visits. Delete the version to delete the tallies."
 )
 
 
@@ -338,6 +338,6 @@ def describe_version(
         client.set_model_version_tag(name, version, key, value)
     scores = ", ".join(f"{key} {results[key]:.2f}" for key in VERSION_SCORES if key in results)
     description = f"{kind} seed {seed}, data {data_fingerprint[:12]}: test {scores} (%)"
-    if results.get("holds_profile"):
-        description += PROFILE_NOTICE
+    if results.get("holds_tally"):
+        description += TALLY_NOTICE
     client.update_model_version(name, version, description=description)

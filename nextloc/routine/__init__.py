@@ -1,7 +1,7 @@
 """The user's routine and the models that rank it: what each known place has been to the user before *now*.
 
 - :mod:`~nextloc.routine.features`: :class:`~nextloc.routine.features.Routine`, features per candidate place.
-- :mod:`~nextloc.routine.profile`: a stored routine profile, split by index once.
+- :mod:`~nextloc.routine.tally`: a stored routine tally, split by index once.
 - :mod:`~nextloc.routine.counts`: counts of keyed events before a time (binary search).
 - :mod:`~nextloc.routine.ranking`: the two kinds that rank the routine's places (``routine``, ``ranker``).
 - :mod:`~nextloc.routine.calibration`: their scores as probabilities over the known places, fitted on validation.

@@ -1,6 +1,6 @@
-"""A registered routine kind answering a request: the users' stored profile, extended by the request's visits.
+"""A registered routine kind answering a request: the users' stored tally, extended by the request's visits.
 
-The profile (:meth:`nextloc.routine.features.Routine.profile`, and :class:`~nextloc.routine.unseen.UnseenPlaces`'
+The tally (:meth:`nextloc.routine.features.Routine.tally`, and :class:`~nextloc.routine.unseen.UnseenPlaces`'
 beside it) holds counts, not visits; :class:`RoutineAnswerer` adds a request's visits to them and asks the
 model (:mod:`nextloc.routine.ranking`) where each history's user goes next.
 """
@@ -14,24 +14,24 @@ import pandas as pd
 
 from nextloc.preprocessing.staypoints import to_ns
 from nextloc.routine.features import Routine, VisitLog, queries_after_last, wall_minutes
-from nextloc.routine.profile import StoredProfile
 from nextloc.routine.ranking import CandidateScorer, CandidateSet, log_probabilities
+from nextloc.routine.tally import StoredTally
 from nextloc.routine.unseen import StoredUnseen, UnseenPlaces, unseen_centres
 
 
 @dataclass(frozen=True)
 class RoutineAnswerer:
-    """A registered routine kind answering a request: its model, and the users' profile as of training.
+    """A registered routine kind answering a request: its model, and the users' tally as of training.
 
-    A request's visits extend the profile (its visits before the end of a known user's profile are taken
-    to be in the profile already, and only mark the 7-day window); a user the profile does not hold, or a
+    A request's visits extend the tally (its visits before the end of a known user's tally are taken
+    to be in the tally already, and only mark the 7-day window); a user the tally does not hold, or a
     second history of the same user in one request, is answered from the request's visits alone. With
-    ``unseen`` (the stored profile of :class:`~nextloc.routine.unseen.UnseenPlaces`), the explore features
+    ``unseen`` (the stored tally of :class:`~nextloc.routine.unseen.UnseenPlaces`), the explore features
     end with ``unseen_return_share``; a model registered before it was kept answers without it.
     """
 
     model: CandidateScorer
-    profile: StoredProfile
+    tally: StoredTally
     num_places: int
     centres: np.ndarray
     popularity: np.ndarray
@@ -57,10 +57,10 @@ class RoutineAnswerer:
         users = np.asarray(users, dtype=np.int64)
         first_of_user = np.zeros(n, dtype=bool)
         first_of_user[np.unique(users, return_index=True)[1]] = True
-        known = self.profile.users
-        in_profile = first_of_user & np.isin(users, known)
+        known = self.tally.users
+        in_tally = first_of_user & np.isin(users, known)
         fresh = int(max(int(known.max()) if len(known) else 0, int(users.max()) if n else 0)) + 1
-        routine_user = np.where(in_profile, users, fresh + np.arange(n))
+        routine_user = np.where(in_tally, users, fresh + np.arange(n))
         log = VisitLog.of(
             routine_user[h],
             to_ns(visits["started_at"]),
@@ -73,7 +73,7 @@ class RoutineAnswerer:
         order = np.argsort(routine_user, kind="stable")  # queries_after_last answers users ascending
         now = wall_minutes(pd.Series(at).iloc[order], self.timezone)
         queries = queries_after_last(log, now)
-        routine = Routine(log, self.num_places, self.centres, self.profile)
+        routine = Routine(log, self.num_places, self.centres, self.tally)
         candidates = CandidateSet.build(routine, queries)
         scores = self.model.scores(candidates)
         logp = log_probabilities(candidates, scores, self.popularity, self.model.calibration)

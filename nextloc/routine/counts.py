@@ -3,7 +3,7 @@
 :class:`EventCounts` answers "how many events of key ``k`` started before ``t``?" for many ``(k, t)`` at
 once: events are sorted by ``(key, time)`` once, and each question is two binary searches. An optional
 *base* (a :meth:`EventCounts.snapshot` of earlier events, one row per key: count, summed value, latest
-time) is added to every answer: that is how a stored profile of a user's past extends the visits of a
+time) is added to every answer: that is how a stored tally of a user's past extends the visits of a
 request without keeping the past visits themselves.
 """
 

@@ -8,7 +8,7 @@ that no feature changes).
 
 ``now`` is the moment the user leaves ``current``: in evaluation the end of the visit just before the
 target, in an answer the request's ``at`` (default: the end of its last visit). The target's own arrival
-time is never read: it is not known when the question is asked. (A stored profile may hold visits after
+time is never read: it is not known when the question is asked. (A stored tally may hold visits after
 an answer's ``now``, when the question is asked about the past: they count, and times since a visit are
 taken as 0 rather than negative.)
 
@@ -18,8 +18,8 @@ with real places). The explore features count distinct places by ``raw_place``, 
 place that no one visited in train still counts as exploring.
 
 A :class:`Routine` is a set of :class:`~nextloc.routine.counts.EventCounts`, one per kind of count
-(:data:`INDEXES`). :meth:`Routine.profile` stores them as counts per key (no visit list): the profile a
-registered model carries, which a request's newer visits extend (``Routine(..., profile=...)``).
+(:data:`INDEXES`). :meth:`Routine.tally` stores them as counts per key (no visit list): the tally a
+registered model carries, which a request's newer visits extend (``Routine(..., tally=...)``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pandas as pd
 from nextloc.preprocessing.sequences import EPOCH_WEEKDAY, FIRST_PLACE, UNSEEN, wall_clock_ns
 from nextloc.preprocessing.staypoints import to_ns
 from nextloc.routine.counts import EventCounts, composite_key, first_of_pairs, rank_within
-from nextloc.routine.profile import StoredProfile
+from nextloc.routine.tally import StoredTally
 
 MINUTES_PER_DAY = 1440
 WINDOW_MIN = 7 * MINUTES_PER_DAY  # the reference's history window
@@ -84,7 +84,7 @@ EXPLORE_FEATURES = (
     "log_current_visits",  # log1p of the user's visits to the current place
 )
 
-# name -> (events, key columns, summed value, keeps the latest time in a profile)
+# name -> (events, key columns, summed value, keeps the latest time in a tally)
 INDEXES: dict[str, tuple[str, tuple[str, ...], str | None, bool]] = {
     "user": ("visit", ("u",), None, True),
     "place": ("visit", ("u", "p"), "dwell", True),
@@ -302,7 +302,7 @@ class Routine:
         log: every visit that may be counted (any split: only those before each query's ``now`` are).
         num_places: the encoded place vocabulary's size (``total_loc_num``).
         centres: ``(num_places, 2)`` latitude/longitude of each encoded place (NaN where unknown), or None.
-        profile: earlier visits as counts (:meth:`profile` of a routine over them), counted as before
+        tally: earlier visits as counts (:meth:`tally` of a routine over them), counted as before
             every ``now``; ``log`` then holds only the visits after them.
     """
 
@@ -311,12 +311,12 @@ class Routine:
         log: VisitLog,
         num_places: int,
         centres: np.ndarray | None = None,
-        profile: pd.DataFrame | StoredProfile | None = None,
+        tally: pd.DataFrame | StoredTally | None = None,
     ) -> None:
         self.log = log
         self.num_places = int(num_places)
         self.centres = centres
-        stored = StoredProfile.from_frame(profile) if isinstance(profile, pd.DataFrame) else profile
+        stored = StoredTally.from_frame(tally) if isinstance(tally, pd.DataFrame) else tally
         self.stored = stored
         self._last_cutoff: tuple[np.ndarray, np.ndarray] | None = None  # (users array, its cutoffs)
         events = _events(log, stored.known_pairs(self.num_places) if stored is not None else None)
@@ -326,7 +326,7 @@ class Routine:
             base = None
             if stored is not None:
                 base = stored.base(name)
-                if "u" not in columns:  # an index over every user: add only what the profile did not count
+                if "u" not in columns:  # an index over every user: add only what the tally did not count
                     new = times > stored.end_of(fields["u"])
                     fields, times = {c: v[new] for c, v in fields.items()}, times[new]
             values = fields[value] if value else None
@@ -341,13 +341,13 @@ class Routine:
         return composite_key(*(columns[c] for c in names), sizes=sizes)
 
     def count(self, name: str, now: np.ndarray, **columns: np.ndarray) -> np.ndarray:
-        """Events of index ``name`` with these column values that started before ``now`` (with a profile:
-        its counts, plus the user's visits after the profile's last one)."""
+        """Events of index ``name`` with these column values that started before ``now`` (with a tally:
+        its counts, plus the user's visits after the tally's last one)."""
         return self.counts[name].count(self.key(name, **columns), now, self._cutoff(columns))
 
     def _cutoff(self, columns: dict[str, np.ndarray]) -> np.ndarray | None:
-        """Per row, the time before which the user's visits are in the profile already (None: no profile,
-        or an index over every user, which holds only what the profile did not count)."""
+        """Per row, the time before which the user's visits are in the tally already (None: no tally,
+        or an index over every user, which holds only what the tally did not count)."""
         if self.stored is None or "u" not in columns:
             return None
         users = columns["u"]
@@ -355,7 +355,7 @@ class Routine:
             self._last_cutoff = (users, self.stored.end_of(users) + 1)
         return self._last_cutoff[1]
 
-    def profile(self) -> pd.DataFrame:
+    def tally(self) -> pd.DataFrame:
         """Every index as counts per key (``index``, ``key``, ``count``, ``total``, ``last``); the latest
         time only where a feature reads it (:data:`INDEXES`). No visit is stored."""
         parts = []

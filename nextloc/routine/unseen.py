@@ -12,7 +12,7 @@ ones. (Scored in the routine itself, where an unseen current place has a centre,
 distance is known too: mixing the routine's known scores with these gave a third of the gain on
 validation, ``benchmarks/unseen_returns.py``.)
 
-A registered model keeps this routine's profile beside the routine's (:func:`join_profiles`), with the
+A registered model keeps this routine's tally beside the routine's (:func:`join_tallies`), with the
 unseen places it holds and their centres: a request's own unseen places get the ids after them (at most
 :data:`REQUEST_CAPACITY`), so that every key stays in the same radix.
 """
@@ -28,11 +28,11 @@ import pandas as pd
 from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.routine.counts import grouped_softmax
 from nextloc.routine.features import Routine, VisitLog
-from nextloc.routine.profile import StoredProfile
+from nextloc.routine.tally import StoredTally
 
-REQUEST_CAPACITY = 4096  # places outside the vocabulary one request may add to a stored profile's
-PREFIX = "unseen:"  # the profile table's indexes of this routine
-CENTRES_INDEX = "centres"  # one row per unseen place the profile holds: key its id, count/total its lat/lon
+REQUEST_CAPACITY = 4096  # places outside the vocabulary one request may add to a stored tally's
+PREFIX = "unseen:"  # the tally table's indexes of this routine
+CENTRES_INDEX = "centres"  # one row per unseen place the tally holds: key its id, count/total its lat/lon
 
 
 class Candidates(Protocol):
@@ -46,10 +46,10 @@ class Candidates(Protocol):
 
 @dataclass(frozen=True)
 class StoredUnseen:
-    """The stored profile of :class:`UnseenPlaces` (:func:`split_profile`): its counts, and the ``(held, 2)``
+    """The stored tally of :class:`UnseenPlaces` (:func:`split_tally`): its counts, and the ``(held, 2)``
     centres of the unseen places it holds (ids ``num_places`` to ``num_places + held - 1``)."""
 
-    profile: StoredProfile
+    tally: StoredTally
     centres: np.ndarray
 
     @property
@@ -82,10 +82,10 @@ class UnseenPlaces:
             centres: ``(num_places, 2)`` the known places' latitude/longitude.
             unseen_centres: ``(K, 2)`` those of the log's unseen places, by ascending ``raw_place``
                 (:func:`unseen_centres`; None: unknown).
-            stored: a stored profile of this routine, whose unseen places the log's come after.
+            stored: a stored tally of this routine, whose unseen places the log's come after.
 
         Raises:
-            ValueError: a log with more unseen places than :data:`REQUEST_CAPACITY` beside a stored profile.
+            ValueError: a log with more unseen places than :data:`REQUEST_CAPACITY` beside a stored tally.
         """
         num_places = len(centres)
         unseen = log.place == UNSEEN
@@ -105,8 +105,8 @@ class UnseenPlaces:
             all_centres[num_places:first] = stored.centres
         if unseen_centres is not None:
             all_centres[first : first + len(raw)] = unseen_centres
-        profile = stored.profile if stored is not None else None
-        return cls(Routine(extended, len(all_centres), all_centres, profile), int(num_places), int(held))
+        tally = stored.tally if stored is not None else None
+        return cls(Routine(extended, len(all_centres), all_centres, tally), int(num_places), int(held))
 
     def share(self, candidates: Candidates, scores: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         """``unseen_return_share`` of each question of ``candidates`` (this routine's, scored ``scores``):
@@ -120,9 +120,9 @@ class UnseenPlaces:
         ``queries_after_last``) of this log, so that a question's current place is an extended id too."""
         return self.routine.log
 
-    def profile(self) -> pd.DataFrame:
-        """This routine's profile, its indexes named ``unseen:<index>``, and the centres of its unseen places."""
-        table = self.routine.profile()
+    def tally(self) -> pd.DataFrame:
+        """This routine's tally, its indexes named ``unseen:<index>``, and the centres of its unseen places."""
+        table = self.routine.tally()
         table["index"] = PREFIX + table["index"].astype(str)
         ids = np.arange(self.num_places, self.num_places + self.held)
         lat, lon = self.routine.centres[ids].T
@@ -143,13 +143,13 @@ def unseen_centres(
     return coordinates.groupby(unseen[raw_place].to_numpy(), sort=True).mean().to_numpy()
 
 
-def join_profiles(routine: pd.DataFrame, unseen: pd.DataFrame) -> pd.DataFrame:
-    """One profile table: the routine's indexes and :meth:`UnseenPlaces.profile`'s."""
+def join_tallies(routine: pd.DataFrame, unseen: pd.DataFrame) -> pd.DataFrame:
+    """One tally table: the routine's indexes and :meth:`UnseenPlaces.tally`'s."""
     return pd.concat([routine, unseen], ignore_index=True)
 
 
-def split_profile(table: pd.DataFrame) -> tuple[pd.DataFrame, StoredUnseen | None]:
-    """The routine's part of a profile table, and the unseen places' part (None: a profile stored without
+def split_tally(table: pd.DataFrame) -> tuple[pd.DataFrame, StoredUnseen | None]:
+    """The routine's part of a tally table, and the unseen places' part (None: a tally stored without
     it)."""
     index = table["index"].astype(str)
     mine = index.str.startswith(PREFIX)
@@ -158,7 +158,7 @@ def split_profile(table: pd.DataFrame) -> tuple[pd.DataFrame, StoredUnseen | Non
     part = table[mine].assign(index=index[mine].str.slice(len(PREFIX)))
     is_centre = (part["index"] == CENTRES_INDEX).to_numpy()
     centres = part[is_centre].sort_values("key")[["count", "total"]].to_numpy(np.float64)
-    stored = StoredUnseen(StoredProfile.from_frame(part[~is_centre]), centres.reshape(-1, 2))
+    stored = StoredUnseen(StoredTally.from_frame(part[~is_centre]), centres.reshape(-1, 2))
     return table[~mine].reset_index(drop=True), stored
 
 

@@ -28,7 +28,7 @@ from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.routine.ranking import RoutineData
-from nextloc.routine.unseen import join_profiles
+from nextloc.routine.unseen import join_tallies
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
 
@@ -55,7 +55,7 @@ class FittedKind:
         selection_model: the model chosen on validation when ``model`` is a refit on train + val, else None.
         n_params: trainable parameters of ``model``.
         timing: training seconds, samples per second, the epoch a crashed attempt was resumed from.
-        routine_data: a routine kind's data (its users' profile goes into the bundle).
+        routine_data: a routine kind's data (its users' tally goes into the bundle).
         scorers: a routine kind's answers, computed for every question of val and test beforehand;
             None: ``model`` (and ``selection_model``) score the samples themselves.
     """
@@ -71,11 +71,11 @@ class FittedKind:
     scorers: Scorers | None = None
 
     @property
-    def profile(self) -> Any:
-        """A routine kind's users' profile (kept in its bundle), else None."""
+    def tally(self) -> Any:
+        """A routine kind's users' tally (kept in its bundle), else None."""
         if self.routine_data is None:
             return None
-        return join_profiles(self.routine_data.routine.profile(), self.routine_data.unseen_places.profile())
+        return join_tallies(self.routine_data.routine.tally(), self.routine_data.unseen_places.tally())
 
     def evaluate(self, splits: Mapping[str, SampleTensors]) -> Evaluation:
         """Validation and test metrics: the model chosen on validation gives the validation metrics, the

@@ -328,7 +328,7 @@ def served(model_uri: str, tracking_uri: str, log: Path):
 @pytest.mark.parametrize("kind", ["pointer_plus", "ranker"])
 def test_served_model_answers_as_the_cli(store, two_histories, tmp_path, kind):
     """`mlflow models serve` on the champion answers the two histories exactly as `nextloc predict` does
-    (the ranker from its stored profile plus the request); the unknown user and the place never seen are
+    (the ranker from its stored tally plus the request); the unknown user and the place never seen are
     said so; bad input is a 400 naming the row and field."""
     _, uri = store
     cli = json.loads(
@@ -378,7 +378,7 @@ def test_served_model_answers_as_the_cli(store, two_histories, tmp_path, kind):
     assert "request row 2: field 'started_at' is not a time: 'yesterday'" in bad_body["message"]
 
 
-def test_a_known_user_is_answered_from_their_stored_profile(store, tmp_path):
+def test_a_known_user_is_answered_from_their_stored_tally(store, tmp_path):
     """The ranker's bundle holds each training user's routine as counts: the same last visit answered as
     user 73 names places of 73's past that the request never mentions; as a user the model never saw, it
     can only name the request's own place first. The registered version says it holds personal data."""

@@ -1,4 +1,4 @@
-"""The routine layer: counts before a time, candidate and explore features, no leakage, profiles.
+"""The routine layer: counts before a time, candidate and explore features, no leakage, tallies.
 
 Every count is checked against a plain loop over the visits; the leakage property removes every visit that
 started at or after a question's target and checks that no feature moves.
@@ -230,19 +230,19 @@ def test_wall_minutes_read_the_dataset_timezone() -> None:
 
 
 # --------------------------------------------------------------------------- #
-# a profile stands for the visits it counted
+# a tally stands for the visits it counted
 # --------------------------------------------------------------------------- #
 
 
 @settings(max_examples=60, deadline=None)
 @given(rows=visit_rows, cut_day=st.integers(10, 30))
 def test_a_profile_and_a_request_answer_like_the_whole_log(rows, cut_day) -> None:
-    """The profile of the visits before a cut, plus a request that repeats the 7 days before the question
+    """The tally of the visits before a cut, plus a request that repeats the 7 days before the question
     (or before the cut) and brings the rest, gives the same candidates and candidate features as the whole log, for a question
     after everything."""
     log = make_log(rows)
     cut = cut_day * MINUTES_PER_DAY
-    profile = Routine(log.take(log.start < cut), NUM_PLACES).profile()
+    tally = Routine(log.take(log.start < cut), NUM_PLACES).tally()
     now = int(log.end.max()) + 60
     request = log.take(log.start >= min(cut, now) - 7 * MINUTES_PER_DAY)
     if not len(request):
@@ -250,10 +250,10 @@ def test_a_profile_and_a_request_answer_like_the_whole_log(rows, cut_day) -> Non
     users = np.unique(request.user)
     queries = queries_after_last(request, np.full(len(users), now))
     whole = Routine(log, NUM_PLACES).candidate_features(queries)
-    served = Routine(request, NUM_PLACES, profile=profile).candidate_features(queries)
+    served = Routine(request, NUM_PLACES, tally=tally).candidate_features(queries)
     np.testing.assert_array_equal(served[0], whole[0])
     np.testing.assert_array_equal(served[1], whole[1])
-    # moves into the request's first visit come from before it: the profile counted those already
+    # moves into the request's first visit come from before it: the tally counted those already
     exact = [n for n in CANDIDATE_FEATURES if "transition" not in n]
     columns = [CANDIDATE_FEATURES.index(n) for n in exact]
     np.testing.assert_allclose(served[2][:, columns], whole[2][:, columns], equal_nan=True)
@@ -261,24 +261,24 @@ def test_a_profile_and_a_request_answer_like_the_whole_log(rows, cut_day) -> Non
 
 def test_a_profile_holds_counts_not_visits() -> None:
     log = make_log([(1, 0, 60, 2), (1, 100, 60, 3), (1, 200, 60, 2)])
-    profile = Routine(log, NUM_PLACES).profile()
-    assert set(profile.columns) == {"index", "key", "count", "total", "last"}
+    tally = Routine(log, NUM_PLACES).tally()
+    assert set(tally.columns) == {"index", "key", "count", "total", "last"}
     # one row per key: the user's two visits to place 2 are one row with count 2
-    place = profile[profile["index"] == "place"]
+    place = tally[tally["index"] == "place"]
     assert sorted(place["count"].tolist()) == [1.0, 2.0]
     # the latest time is kept only where a feature reads it
-    assert profile.loc[profile["index"] == "slot", "last"].isna().all()
+    assert tally.loc[tally["index"] == "slot", "last"].isna().all()
 
 
 def test_a_stored_profile_reads_as_the_table() -> None:
-    """The profile split by index once (what a loaded model keeps) gives each index's counts, the users it
-    holds and when each one's profile ends exactly as filtering the table does; a user it lacks ends before
+    """The tally split by index once (what a loaded model keeps) gives each index's counts, the users it
+    holds and when each one's tally ends exactly as filtering the table does; a user it lacks ends before
     any time, and a Routine built on it answers as one built on the table."""
-    from nextloc.routine.profile import NO_PROFILE_END, StoredProfile
+    from nextloc.routine.tally import NO_TALLY_END, StoredTally
 
     log = make_log([(1, 0, 60, 2), (1, 100, 60, 3), (1, 200, 60, 2), (2, 50, 30, 4), (2, 400, 30, 1)])
-    table = Routine(log, NUM_PLACES).profile()
-    stored = StoredProfile.from_frame(table.sample(frac=1.0, random_state=0))  # any row order
+    table = Routine(log, NUM_PLACES).tally()
+    stored = StoredTally.from_frame(table.sample(frac=1.0, random_state=0))  # any row order
     for name, part in table.groupby("index"):
         expected = part.sort_values("key")
         base = stored.base(name)
@@ -289,13 +289,13 @@ def test_a_stored_profile_reads_as_the_table() -> None:
     users = table[table["index"] == "user"]
     ends = pd.Series(users["last"].to_numpy(), index=users["key"].to_numpy())
     asked = np.array([2, 9, 1, 1])
-    expected_end = ends.reindex(asked).fillna(NO_PROFILE_END).to_numpy(np.int64)
+    expected_end = ends.reindex(asked).fillna(NO_TALLY_END).to_numpy(np.int64)
     np.testing.assert_array_equal(stored.end_of(asked), expected_end)
     request = make_log([(1, 300, 60, 3), (2, 500, 60, 4), (3, 100, 60, 2)])
     queries = queries_after_last(request)
     for a, b in zip(
-        Routine(request, NUM_PLACES, profile=table).candidate_features(queries),
-        Routine(request, NUM_PLACES, profile=stored).candidate_features(queries),
+        Routine(request, NUM_PLACES, tally=table).candidate_features(queries),
+        Routine(request, NUM_PLACES, tally=stored).candidate_features(queries),
         strict=True,
     ):
         np.testing.assert_array_equal(a, b)

@@ -1,5 +1,5 @@
 """Places outside the vocabulary told apart (:mod:`nextloc.routine.unseen`): their ids and centres, the share
-the new-place head reads, the profile a registered model keeps, nothing read after now."""
+the new-place head reads, the tally a registered model keeps, nothing read after now."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ from nextloc.routine.features import (
     queries_after_last,
     queries_for_targets,
 )
-from nextloc.routine.profile import StoredProfile
 from nextloc.routine.ranking import CandidateSet, RoutineRule
+from nextloc.routine.tally import StoredTally
 from nextloc.routine.unseen import (
     REQUEST_CAPACITY,
     UnseenPlaces,
-    join_profiles,
-    split_profile,
+    join_tallies,
+    split_tally,
     unseen_centres,
     unseen_share,
 )
@@ -63,7 +63,7 @@ def centres_of(log: VisitLog) -> np.ndarray:
 
 def shares(places: UnseenPlaces, queries) -> np.ndarray:
     """The share of the routine rule's softmax over the extended routine's candidates (moves not read: a
-    request's first visit is reached by a move from the profile's last, which neither counts)."""
+    request's first visit is reached by a move from the tally's last, which neither counts)."""
     candidates = CandidateSet.build(places.routine, queries)
     rule = RoutineRule({"n_window": 1.0, "share_place": 1.0, "share_slot": 1.0, "is_current": 1.0})
     return places.share(candidates, rule.scores(candidates))
@@ -119,16 +119,16 @@ def test_no_share_reads_a_visit_after_its_question(rows) -> None:
 @settings(max_examples=60, deadline=None)
 @given(past=unseen_rows, later=unseen_rows)
 def test_a_profile_and_a_request_share_like_the_whole_log(past, later) -> None:
-    """The stored profile of the past plus a request of later visits (its places outside the vocabulary its
+    """The stored tally of the past plus a request of later visits (its places outside the vocabulary its
     own) gives the share of the whole log. The past ends more than 7 days before the request: a request
-    that repeats the profile's last days would bring its unseen places under ids of its own (docs/routine.md)."""
+    that repeats the tally's last days would bring its unseen places under ids of its own (docs/routine.md)."""
     cut = 38 * MINUTES_PER_DAY
     before = make_log(past)
     after = make_log([(cut + s, p, r) for s, p, r in later], first_raw=200)
     fields = VisitLog.__dataclass_fields__
     whole_log = VisitLog(*(np.concatenate([getattr(before, f), getattr(after, f)]) for f in fields))
     stored_places = UnseenPlaces.build(before, CENTRES, centres_of(before))
-    _, stored = split_profile(join_profiles(Routine(before, NUM_PLACES).profile(), stored_places.profile()))
+    _, stored = split_tally(join_tallies(Routine(before, NUM_PLACES).tally(), stored_places.tally()))
     now = np.array([int(whole_log.end.max()) + 60])
     served_places = UnseenPlaces.build(after, CENTRES, centres_of(after), stored=stored)
     whole_places = UnseenPlaces.build(whole_log, CENTRES, centres_of(whole_log))
@@ -139,38 +139,38 @@ def test_a_profile_and_a_request_share_like_the_whole_log(past, later) -> None:
 
 def test_a_profile_keeps_its_unseen_places_and_centres_apart_and_an_old_one_has_none() -> None:
     log = make_log([(0, 2, 0), (100, 1, 0), (200, 1, 1)])
-    routine_table = Routine(log, NUM_PLACES).profile()
+    routine_table = Routine(log, NUM_PLACES).tally()
     places = UnseenPlaces.build(log, CENTRES, centres_of(log))
-    profile, stored = split_profile(join_profiles(routine_table, places.profile()))
-    pd.testing.assert_frame_equal(profile, routine_table)
+    tally, stored = split_tally(join_tallies(routine_table, places.tally()))
+    pd.testing.assert_frame_equal(tally, routine_table)
     assert stored is not None
     assert stored.held == 2
     np.testing.assert_allclose(stored.centres, centres_of(log))
-    old, none = split_profile(routine_table)
+    old, none = split_tally(routine_table)
     assert none is None
     assert old is routine_table
 
 
 def test_a_request_with_too_many_unseen_places_is_refused() -> None:
     log = make_log([(i * 100, 1, i) for i in range(REQUEST_CAPACITY + 1)])
-    _, stored = split_profile(UnseenPlaces.build(log, CENTRES).profile())
+    _, stored = split_tally(UnseenPlaces.build(log, CENTRES).tally())
     with pytest.raises(ValueError, match="outside the vocabulary in one request"):
         UnseenPlaces.build(log, CENTRES, stored=stored)
 
 
-def test_an_answer_reads_the_share_only_with_the_unseen_places_profile() -> None:
-    """A registered model answers with ``unseen_return_share`` after its explore features when its profile
+def test_an_answer_reads_the_share_only_with_the_unseen_places_tally() -> None:
+    """A registered model answers with ``unseen_return_share`` after its explore features when its tally
     holds the unseen places' routine; one registered before it answers with the explore features alone."""
     past = make_log([(0, 2, 0), (100, 1, 0), (200, 2, 0), (300, 1, 0)])
     past_places = UnseenPlaces.build(past, CENTRES, centres_of(past))
-    profile, unseen = split_profile(join_profiles(Routine(past, NUM_PLACES).profile(), past_places.profile()))
+    tally, unseen = split_tally(join_tallies(Routine(past, NUM_PLACES).tally(), past_places.tally()))
     start = pd.to_datetime(40 * MINUTES_PER_DAY + np.array([0, 100]), unit="m", utc=True)
     visits = pd.DataFrame(
         {"history": [0, 0], "started_at": start, "finished_at": start + pd.Timedelta(minutes=60)}
     ).assign(place=[2, 1], raw_place=[2, -1], latitude=[39.95, 40.2], longitude=[116.35, 116.6])
     args = dict(
         model=RoutineRule(),
-        profile=StoredProfile.from_frame(profile),
+        tally=StoredTally.from_frame(tally),
         num_places=NUM_PLACES,
         centres=CENTRES,
         popularity=np.ones(NUM_PLACES),
@@ -181,5 +181,5 @@ def test_an_answer_reads_the_share_only_with_the_unseen_places_profile() -> None
     _, without = RoutineAnswerer(**args).answer(visits, np.array([1]), at)
     assert with_share.shape == (1, len(EXPLORE_FEATURES) + 1)
     np.testing.assert_array_equal(with_share[:, :-1], without)
-    # the profile's unseen place and the request's are both candidates beside home: a share above 0
+    # the tally's unseen place and the request's are both candidates beside home: a share above 0
     assert 0.0 < with_share[0, -1] < 1.0

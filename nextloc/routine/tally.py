@@ -1,8 +1,8 @@
-"""A stored routine profile (:meth:`nextloc.routine.features.Routine.profile`), split by index once.
+"""A stored routine tally (:meth:`nextloc.routine.features.Routine.tally`), split by index once.
 
-A registered routine kind carries its training users' profile as one table of counts per key and index.
+A registered routine kind carries its training users' tally as one table of counts per key and index.
 Every request reads the same parts of it (each index's counts, the users it holds, when each user's
-profile ends), so :class:`StoredProfile` prepares them when the model is loaded: a request then answers
+tally ends), so :class:`StoredTally` prepares them when the model is loaded: a request then answers
 from sorted arrays by binary search instead of filtering the whole table for each index.
 """
 
@@ -16,17 +16,17 @@ import pandas as pd
 from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.routine.counts import Snapshot
 
-NO_PROFILE_END = np.iinfo(np.int64).min // 4  # before any time: a user the profile does not hold
+NO_TALLY_END = np.iinfo(np.int64).min // 4  # before any time: a user the tally does not hold
 
 
 @dataclass(frozen=True)
-class StoredProfile:
-    """The profile's counts per index (:class:`~nextloc.routine.counts.Snapshot`), and per user the start of their
+class StoredTally:
+    """The tally's counts per index (:class:`~nextloc.routine.counts.Snapshot`), and per user the start of their
     last visit in it.
 
     Attributes:
         bases: index name -> its counts (an index the table lacks is empty).
-        users: ``(U,)`` int64 the users the profile holds, ascending.
+        users: ``(U,)`` int64 the users the tally holds, ascending.
         user_end: ``(U,)`` float64 the start of each user's last visit.
     """
 
@@ -35,30 +35,30 @@ class StoredProfile:
     user_end: np.ndarray
 
     @classmethod
-    def from_frame(cls, profile: pd.DataFrame) -> StoredProfile:
-        """From the profile table (``index``, ``key``, ``count``, ``total``, ``last``)."""
+    def from_frame(cls, tally: pd.DataFrame) -> StoredTally:
+        """From the tally table (``index``, ``key``, ``count``, ``total``, ``last``)."""
         bases = {
             str(name): Snapshot.from_frame(part)
-            for name, part in profile.groupby("index", sort=False, observed=True)
+            for name, part in tally.groupby("index", sort=False, observed=True)
         }
         users = bases.get("user", Snapshot.from_frame(None))
         return cls(bases, users.key, users.last)
 
     def base(self, name: str) -> Snapshot:
-        """The counts of index ``name`` (empty if the profile has none)."""
+        """The counts of index ``name`` (empty if the tally has none)."""
         return self.bases.get(name) or Snapshot.from_frame(None)
 
     def known_pairs(self, num_places: int) -> np.ndarray:
-        """``user << 32 | place`` of every (user, known place) pair the profile counts a visit of."""
+        """``user << 32 | place`` of every (user, known place) pair the tally counts a visit of."""
         keys = self.base("place").key
         user, place = keys // num_places, keys % num_places
         return (user * (1 << 32) + place)[place >= FIRST_PLACE]
 
     def end_of(self, users: np.ndarray) -> np.ndarray:
-        """Per user, the start of the profile's last visit (:data:`NO_PROFILE_END` for a user it lacks)."""
+        """Per user, the start of the tally's last visit (:data:`NO_TALLY_END` for a user it lacks)."""
         users = np.asarray(users, dtype=np.int64)
         if not len(self.users):
-            return np.full(len(users), NO_PROFILE_END, dtype=np.int64)
+            return np.full(len(users), NO_TALLY_END, dtype=np.int64)
         pos = np.minimum(np.searchsorted(self.users, users), len(self.users) - 1)
         end = np.where(self.users[pos] == users, self.user_end[pos], np.nan)
-        return np.where(np.isnan(end), NO_PROFILE_END, np.nan_to_num(end)).astype(np.int64)
+        return np.where(np.isnan(end), NO_TALLY_END, np.nan_to_num(end)).astype(np.int64)
