@@ -8,7 +8,7 @@ services.local_api``) on a free 127.0.0.1 port, then ``--clients`` processes tha
 tasks (8 threads) one after the other for ``--seconds``, against that server (``PREFECT_API_URL``,
 Prefect's client retries as shipped). ``reference`` is the server with Prefect's own engine (SQLAlchemy's
 pool: up to 15 connections, each a SQLite writer); ``nextloc`` is the server as shipped, with one
-connection (:func:`tasks.compat.one_sqlite_connection`). Prints one JSON object: per server, the flows
+connection (:func:`runtime.compat.one_sqlite_connection`). Prints one JSON object: per server, the flows
 each client finished, the clients that failed (and why), the median and slowest flow, flows over 10 s,
 and the server log's ``database is locked`` and slow-request lines; then the ratio of flows finished.
 """
@@ -52,7 +52,7 @@ while time.monotonic() < deadline:
 
 #: The server with Prefect's own engine: the shim is replaced before the server's app is built.
 REFERENCE_SERVER = (
-    "import runpy, tasks.compat; tasks.compat.one_sqlite_connection = lambda: None; "
+    "import runpy, runtime.compat; runtime.compat.one_sqlite_connection = lambda: None; "
     "runpy.run_module('services.local_api', run_name='__main__')"
 )
 

@@ -176,7 +176,7 @@ def served_latency(args: argparse.Namespace, body: bytes) -> dict[str, Any]:
 
 def latency_report(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON report of ``--cold`` and/or ``--serve``."""
-    from tasks.tracking import default_tracking_uri
+    from tracking.mlflow_runs import default_tracking_uri
 
     args.tracking_uri = args.tracking_uri or default_tracking_uri(REPO)
     request = week_request(args.data_dir, args.user)
@@ -223,7 +223,7 @@ def main() -> None:
         from nextloc.predict.answer import predict
         from nextloc.predict.histories import encode_visits
         from nextloc.predict.history_reader import read_history
-        from tasks.evaluate import load_registered
+        from tracking.registered import load_registered
 
         t0 = time.perf_counter()
         bundle = load_registered(args.model, "champion", args.tracking_uri, args.experiment)

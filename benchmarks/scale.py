@@ -199,7 +199,7 @@ def _preprocess(data_dir: Path, runner: str, dask_workers: int, dbscan_tiles: in
     from prefect import flow
 
     from flows.preprocess import preprocess
-    from tasks.runners import make_task_runner
+    from runtime.runners import make_task_runner
 
     flow(name="warm-up-api")(lambda: None)()  # the temporary API's start, not the pipeline's
     start = time.time()

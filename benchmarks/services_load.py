@@ -43,7 +43,7 @@ from typing import Any
 
 from services import auth
 from services.layout import Services
-from tasks import access
+from tracking import access
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -5,6 +5,8 @@
   :mod:`services.local_api`).
 - :mod:`commands.args`: each subcommand's options and how they become the flows' inputs.
 - :mod:`commands.output`: what the commands print (answers, leaderboards, the summary, where to compare).
+- :mod:`commands.evaluate`: ``evaluate`` and ``predict`` on a registered model.
+- :mod:`commands.dataset_map`: ``map``, a preprocessed data directory on a web map.
 
 It imports :mod:`flows` and :mod:`services`; neither imports it back.
 """

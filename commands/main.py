@@ -26,10 +26,10 @@ from commands.args import (
     parse_value,
 )
 from flows import configure_environment
+from runtime import compat
 from services import local_api
 from services.auth import PIPELINE, READER, use_credentials
-from tasks import compat
-from tasks.access import ServiceRefused, check_prefect
+from tracking.access import ServiceRefused, check_prefect
 
 log = logging.getLogger("nextloc.cli")
 #: Whose credentials (``.services/auth/<identity>.env``, where the environment has none) each command uses.
@@ -41,7 +41,7 @@ IDENTITIES = {
 
 def entry() -> NoReturn:
     """The ``nextloc`` console script: :func:`main`, then an exit that skips the interpreter's teardown
-    (:func:`tasks.compat.exit_without_teardown`: the exit hooks, threads and ``atexit`` handlers run first).
+    (:func:`runtime.compat.exit_without_teardown`: the exit hooks, threads and ``atexit`` handlers run first).
     An exception leaves the normal way, traceback included."""
     code = main()
     compat.exit_without_teardown(code)
@@ -136,7 +136,7 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     check_raw_dir(inputs["raw_dir"])
     local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
     from flows.preprocess import preprocess
-    from tasks.progress import quiet_task_runs_on_console
+    from runtime.progress import quiet_task_runs_on_console
 
     quiet_task_runs_on_console()
     with local_api.ready():
@@ -155,7 +155,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     neural = _neural(models)
     from flows.pipeline import preprocess_train, profile_parameters
     from nextloc.profiles import DatasetProfile
-    from tasks.progress import quiet_task_runs_on_console
+    from runtime.progress import quiet_task_runs_on_console
 
     quiet_task_runs_on_console()
     parameters = profile_parameters(
@@ -219,15 +219,15 @@ def _kv(items: list[str]) -> dict[str, Any]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from tasks.catalog import require_preprocessed
+    from runtime.catalog import require_preprocessed
 
     models, seeds, model_set, train_set = _train_plan(args)
     require_preprocessed(args.data_dir)  # before the API starts, not in the flow
     local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
     neural = _neural(models)
     from flows.train import train
-    from tasks.progress import quiet_task_runs_on_console
-    from tasks.runners import training_runner
+    from runtime.progress import quiet_task_runs_on_console
+    from runtime.runners import training_runner
 
     quiet_task_runs_on_console()
     workers = max(1, args.workers)
@@ -248,7 +248,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from tasks.evaluate import evaluate_registered
+    from commands.evaluate import evaluate_registered
 
     metrics = evaluate_registered(
         args.model, args.alias, Path(args.data_dir), args.split, args.tracking_uri, args.experiment
@@ -260,7 +260,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from tasks.evaluate import leaderboard_from_mlflow
+    from tracking.registered import leaderboard_from_mlflow
 
     board, note = leaderboard_from_mlflow(
         args.tracking_uri, args.experiment, latest_data_only=not args.all_data
@@ -271,14 +271,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_ui(args: argparse.Namespace) -> int:
     from services.ui import ensure_ui, stop_ui
-    from tasks import tracking
-    from tasks.store import default_tracking_uri, tracking_server
+    from tracking import mlflow_runs
+    from tracking.store import default_tracking_uri, tracking_server
 
     if args.stop:
         log.info("stopped: %s", ", ".join(stop_ui(Path.cwd())) or "no UI was running")
         return 0
     uri = args.tracking_uri or default_tracking_uri()
-    experiment = tracking.experiment_id(uri, args.experiment)
+    experiment = mlflow_runs.experiment_id(uri, args.experiment)
     if experiment is None:
         log.error("no experiment %r in %s yet: `make run` records one", args.experiment, uri)
         return 1
@@ -287,12 +287,12 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     except RuntimeError as err:
         log.error("%s", err)
         return 1
-    sys.stdout.write(tracking.comparison_url(ui, experiment) + "\n")
+    sys.stdout.write(mlflow_runs.comparison_url(ui, experiment) + "\n")
     return 0
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from tasks.evaluate import predict_registered
+    from commands.evaluate import predict_registered
 
     answers = predict_registered(
         args.model,
@@ -314,7 +314,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_map(args: argparse.Namespace) -> int:
-    from tasks.dataset_map import draw_dataset_map
+    from commands.dataset_map import draw_dataset_map
 
     path = draw_dataset_map(args.data_dir, args.out, args.user)
     sys.stdout.write(json.dumps({"map": str(path)}) + "\n")
@@ -356,7 +356,7 @@ def _cmd_synth(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from nextloc.preprocessing.trackintel_export import export_trackintel
-    from tasks.catalog import Catalog
+    from runtime.catalog import Catalog
 
     catalog = Catalog(args.data_dir)
     counts = export_trackintel(
@@ -415,7 +415,7 @@ def _cmd_services(args: argparse.Namespace) -> int:
 def _copy_store(svc: Any, source: str | None, target: str | None) -> int:
     """``nextloc services copy-store``: the whole MLflow store, table by table, into an empty store."""
     import services
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     source = source or f"sqlite:///{Path.cwd().resolve() / 'mlruns' / 'mlflow.db'}"
     if target is None:
@@ -428,7 +428,7 @@ def _copy_store(svc: Any, source: str | None, target: str | None) -> int:
             return 1
         target = svc.database_url(services.MLFLOW_DB, "psycopg")
     try:
-        counts = tracking.copy_store(source, target)
+        counts = mlflow_runs.copy_store(source, target)
     except RuntimeError as err:
         log.error("%s", err)
         return 1

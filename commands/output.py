@@ -97,19 +97,19 @@ def print_comparison(tracking_uri: str | None, experiment: str) -> None:
 
     from services.layout import HOST
     from services.ui import DEFAULT_PORT
-    from tasks import tracking
-    from tasks.store import default_tracking_uri, tracking_server
+    from tracking import mlflow_runs
+    from tracking.store import default_tracking_uri, tracking_server
 
     uri = tracking_uri or default_tracking_uri()
-    experiment_id = tracking.experiment_id(uri, experiment)
+    experiment_id = mlflow_runs.experiment_id(uri, experiment)
     if experiment_id is None:
         return
     if server := tracking_server(uri):
         Console().print(
-            f"compare the models: {tracking.comparison_url(server, experiment_id)}", soft_wrap=True
+            f"compare the models: {mlflow_runs.comparison_url(server, experiment_id)}", soft_wrap=True
         )
         return
-    url = tracking.comparison_url(f"http://{HOST}:{DEFAULT_PORT}", experiment_id)
+    url = mlflow_runs.comparison_url(f"http://{HOST}:{DEFAULT_PORT}", experiment_id)
     Console().print(
         f"compare the models: .venv/bin/nextloc ui (MLflow's UI on this store), then {url}", soft_wrap=True
     )

@@ -43,8 +43,8 @@ from nextloc.io.inputs import InputFormat
 from nextloc.models.registry import neural_kinds
 from nextloc.profiles import DatasetProfile
 from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_overrides
-from tasks import tracking
-from tasks.locking import data_dir_lock
+from runtime.locking import data_dir_lock
+from runtime.runners import make_task_runner
 from tasks.pipeline import publish_summary, resolve_raw_dir
 from tasks.promotion import (
     DEFAULT_DECISION_METRIC,
@@ -53,8 +53,8 @@ from tasks.promotion import (
     DecisionMetric,
     PromoteMetric,
 )
-from tasks.runners import make_task_runner
 from tasks.train import ModelKind
+from tracking import mlflow_runs
 
 Seed = Annotated[int, Field(ge=0)]
 
@@ -92,7 +92,7 @@ def preprocess_train(
     dask_workers: Annotated[int, Field(ge=1)] | None = None,
     dbscan_tiles: Annotated[int, Field(ge=0)] = 0,
     tracking_uri: str | None = None,
-    experiment: str = tracking.DEFAULT_EXPERIMENT,
+    experiment: str = mlflow_runs.DEFAULT_EXPERIMENT,
     mlflow_ui_url: str | None = None,
 ) -> dict[str, Any]:
     """Preprocess trajectories (GeoLife by default), train and evaluate every model x seed, register and
@@ -193,6 +193,6 @@ def profile_parameters(
 
 
 def _process_pool(workers: int):
-    from tasks.runners import training_runner
+    from runtime.runners import training_runner
 
     return training_runner(workers)

@@ -16,9 +16,11 @@ from pydantic import Field
 from nextloc.config import PreprocessConfig
 from nextloc.fingerprint import combine
 from nextloc.io.inputs import VISIT_FORMATS, InputFormat, InputSpec
-from tasks.caching import Then, cached_batch, call_cached, current_result
-from tasks.catalog import Catalog
-from tasks.locking import data_dir_lock
+from runtime.caching import Then, cached_batch, call_cached, current_result
+from runtime.catalog import Catalog
+from runtime.locking import data_dir_lock
+from runtime.progress import track
+from runtime.runners import balanced_batches, fan_out_width
 from tasks.preprocess import (
     DatasetResult,
     IngestResult,
@@ -35,8 +37,6 @@ from tasks.preprocess import (
     report_duplicates,
     write_ingest_report,
 )
-from tasks.progress import track
-from tasks.runners import balanced_batches, fan_out_width
 
 
 @flow(
@@ -198,7 +198,7 @@ def _ingested_weight(ingested: IngestResult) -> float:
 
 def _ensure(task_fn: Any, *args: Any) -> Any:
     """Run a task, or reuse its cached result if the files it points at are still the ones written (a changed
-    one is named in a warning and the task runs again: :func:`tasks.caching.call_cached`).
+    one is named in a warning and the task runs again: :func:`runtime.caching.call_cached`).
 
     The cache is looked up first, which also clears a record a crash left unreadable.
     """
@@ -231,10 +231,10 @@ def _run_mapped(
     """Run a per-user task (and ``then`` a second one on each result) over the calls not in the cache.
 
     Calls whose cached result points at files that are gone or changed run again (a warning names the file:
-    :func:`tasks.caching.current_result`). The calls to run go in a few
+    :func:`runtime.caching.current_result`). The calls to run go in a few
     balanced batches (the step's ``weight`` estimates a call's work), four per worker of the flow's task
     runner, each one ``cached-batch`` task run that caches every call under the per-user task's own key
-    (:func:`tasks.caching.cached_batch`). With ``then``, a user whose first step must run goes on to the
+    (:func:`runtime.caching.cached_batch`). With ``then``, a user whose first step must run goes on to the
     second in the same batch (no wait for the other users in between); a user whose first step is cached
     and second is not runs the second alone. A single call runs as a batch of one, named as the per-user
     task run would be.

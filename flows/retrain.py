@@ -19,8 +19,8 @@ from flows.pipeline import preprocess_train
 from flows.train import DEFAULT_MODELS
 from nextloc.raw.dumps import DEFAULT_MAX_BAD_ROW_SHARE
 from nextloc.training.overrides import ModelOverrides, TrainOverrides
+from runtime.locking import data_dir_lock
 from tasks.dumps import merge_new_dumps
-from tasks.locking import data_dir_lock
 from tasks.promotion import DEFAULT_DECISION_METRIC, DecisionMetric
 from tasks.train import ModelKind
 

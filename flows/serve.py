@@ -119,12 +119,12 @@ def deployments(profile_root: Path | None = None) -> list:
 def register(pool: str = WORK_POOL) -> list[str]:
     """Create the process work pool ``pool`` if missing and register :func:`deployments` in it; returns
     their names. A deployment's flow runs get :data:`RUN_ENV` from this process's environment. Also creates
-    the limit behind :func:`tasks.locking.registry_lock`."""
+    the limit behind :func:`runtime.locking.registry_lock`."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import DeploymentUpdate, WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
 
-    from tasks.locking import ensure_registry_limit
+    from runtime.locking import ensure_registry_limit
 
     env = {key: os.environ[key] for key in RUN_ENV if os.environ.get(key)}
     names = []

@@ -14,12 +14,12 @@ from nextloc.evaluation.metrics import HEADLINE
 from nextloc.fingerprint import hash_file
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_overrides
-from tasks import tracking
-from tasks.caching import Artifact, current_result
-from tasks.catalog import Catalog, require_preprocessed
-from tasks.locking import data_dir_lock
-from tasks.plots import log_comparison
-from tasks.progress import track
+from runtime.caching import Artifact, current_result
+from runtime.catalog import Catalog, require_preprocessed
+from runtime.locking import data_dir_lock
+from runtime.progress import track
+from runtime.reruns import Settled, read_settled, settled_key, write_settled
+from runtime.runners import training_runner
 from tasks.promotion import (
     DEFAULT_DECISION_METRIC,
     DEFAULT_MIN_EFFECT,
@@ -28,11 +28,11 @@ from tasks.promotion import (
     PromoteMetric,
     champion_challenger,
 )
-from tasks.reruns import Settled, read_settled, settled_key, write_settled
-from tasks.runners import training_runner
-from tasks.store import default_tracking_uri
 from tasks.train import DataRef, ModelKind, TrackingConfig, train_model_task
-from tasks.versions import champion_versions
+from tracking import mlflow_runs
+from tracking.plots import log_comparison
+from tracking.store import default_tracking_uri
+from tracking.versions import champion_versions
 
 DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus", "ranker"]
 
@@ -50,7 +50,7 @@ def train(
     model_overrides: ModelOverrides | None = None,
     train_overrides: TrainOverrides | None = None,
     tracking_uri: str | None = None,
-    experiment: str = tracking.DEFAULT_EXPERIMENT,
+    experiment: str = mlflow_runs.DEFAULT_EXPERIMENT,
     device: str = "auto",
     promote_metric: PromoteMetric = DEFAULT_PROMOTE_METRIC,
     decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
@@ -62,7 +62,7 @@ def train(
 
     One MLflow parent run per flow run, one child run per model and seed; a rerun with nothing new (every
     training cached, every champion where its decision left it) adds none and names the parent run that
-    holds its results (:mod:`tasks.reruns`). Each kind's champion is decided by
+    holds its results (:mod:`runtime.reruns`). Each kind's champion is decided by
     the one champion rule (:mod:`tasks.promotion`), unless ``promote=False``. Each (model, seed) task is
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=training_runner(n))`` runs ``n`` at once;
@@ -131,18 +131,18 @@ def _record_and_decide(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A parent run holding the trainings (the cached ones read back), each kind's champion decision, the
     leaderboard and its chart: ``({parent_run_id, promotion, experiment_id, settled: False}, results)``."""
-    experiment_id = tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
+    experiment_id = mlflow_runs.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     parent_tags = {"data_fingerprint": data.fingerprint, **_prefect_tags()}
     parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
-    name = tracking.parent_run_name(datetime.now(UTC), models)
-    with tracking.parent_run(experiment_id, name, parent_tags, parent_params) as parent_id:
+    name = mlflow_runs.parent_run_name(datetime.now(UTC), models)
+    with mlflow_runs.parent_run(experiment_id, name, parent_tags, parent_params) as parent_id:
         calls = [{**call, "parent_run_id": parent_id} for call in calls]
         results = _run_trainings(task, calls, cached)
         board = leaderboard([(r["kind"], r["results"]) for r in results])
         args = (rule["decision_metric"], rule["promote_metric"], tracking_cfg, parent_id)
         more = (rule["match_radius_m"], rule["min_effect"])
         decisions = {k: champion_challenger(k, results, data, *args, *more) for k in rule["kinds"]}
-        tracking.log_leaderboard(parent_id, board, results, decisions)
+        mlflow_runs.log_leaderboard(parent_id, board, results, decisions)
         log_comparison(parent_id, board)
     outcome = {"parent_run_id": parent_id, "promotion": decisions, "experiment_id": experiment_id}
     return {**outcome, "settled": False}, results
@@ -152,7 +152,7 @@ def _settled(
     catalog: Catalog, cached: list[tuple[bool, Any]], rule: dict[str, Any], tracking_cfg: TrackingConfig
 ) -> Settled | None:
     """The record of the run that recorded these cached trainings and decided on them, if every champion is
-    still where it left it (:mod:`tasks.reruns`)."""
+    still where it left it (:mod:`runtime.reruns`)."""
     return read_settled(catalog, _rerun_key(catalog, [value for _, value in cached], rule, tracking_cfg))
 
 
@@ -171,7 +171,7 @@ def _remember(
 def _rerun_key(
     catalog: Catalog, results: list[dict[str, Any]], rule: dict[str, Any], tracking_cfg: TrackingConfig
 ) -> str:
-    """:func:`tasks.reruns.settled_key` with the champions as they are now."""
+    """:func:`runtime.reruns.settled_key` with the champions as they are now."""
     uri, experiment = tracking_cfg.tracking_uri or default_tracking_uri(), tracking_cfg.experiment
     champions = champion_versions(rule["kinds"], uri, experiment)
     return settled_key(catalog, results, champions, rule, uri, experiment)

@@ -47,7 +47,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 def remove_stale_temp_files(root: Path) -> list[Path]:
     """Delete the temporary files (``.<name>.*.tmp``) that writers killed mid-write left under ``root``.
 
-    Only call this while no writer can be active (``tasks.locking.data_dir_lock`` held); the final files
+    Only call this while no writer can be active (``runtime.locking.data_dir_lock`` held); the final files
     they were meant to replace are untouched, so nothing is lost.
     """
     removed = []

@@ -4,7 +4,7 @@
 operating system drops the lock when its holder dies, SIGKILL included, so a crash never leaves a stale
 lock behind. The lock belongs to an open file description, so two threads of one process exclude each
 other just like two processes; re-entrancy, if a caller wants it, is the caller's business
-(``tasks.locking.data_dir_lock``). Standard library only (``python -m nextloc.raw.rawdata`` runs before the
+(``runtime.locking.data_dir_lock``). Standard library only (``python -m nextloc.raw.rawdata`` runs before the
 environment is installed).
 """
 

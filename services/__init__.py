@@ -14,7 +14,7 @@ under ``.services/``:
   artifact proxy over ``mlruns/artifacts``: clients use ``http://`` and ``mlflow-artifacts:``, never the
   database;
 * ``python -m flows.serve`` once: the process work pool ``nextloc``, the deployments in it, and the limit
-  behind :func:`tasks.locking.registry_lock`;
+  behind :func:`runtime.locking.registry_lock`;
 * ``nextloc worker`` (:mod:`services.worker`): a worker of the pool in this folder (``--no-worker``: none);
   other machines join with the same command.
 

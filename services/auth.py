@@ -33,7 +33,7 @@ from pathlib import Path
 
 from services.layout import Services
 from services.processes import write_private
-from tasks.access import MLFLOW_PASSWORD, MLFLOW_USERNAME, PREFECT_AUTH, authorization, call_json
+from tracking.access import MLFLOW_PASSWORD, MLFLOW_USERNAME, PREFECT_AUTH, authorization, call_json
 
 log = logging.getLogger("nextloc.cli")
 

@@ -21,7 +21,7 @@ or one still shutting down while the next starts) takes the same write lock from
 * **Its log.** ``$PREFECT_HOME/nextloc-api.log``, with one line for each request slower than
   ``$NEXTLOC_API_SLOW_S`` seconds (default 5): a stall leaves its trace there.
 
-Its database has one connection (:func:`tasks.compat.one_sqlite_connection`): requests and services take
+Its database has one connection (:func:`runtime.compat.one_sqlite_connection`): requests and services take
 turns for it on the event loop, so SQLite never has two writers, never answers ``database is locked`` and
 never keeps a request waiting on its lock. Flow runs send no heartbeats to it (they detect crashed runs
 for workers; it has none). A configured API is used as it is, and nothing is started.
@@ -307,7 +307,7 @@ def stop() -> None:
     if api is None:
         return
     if api.ready_after_s is not None and "prefect" in sys.modules:
-        from tasks import compat
+        from runtime import compat
 
         compat.drain_prefect_workers(timeout_s=5)
     api.release()
@@ -325,7 +325,7 @@ def ready() -> Iterator[None]:
 
     Inside, Prefect's settings name the API, flow runs send no heartbeats, and no Prefect UI is linked.
     The environment already names it when :func:`start_if_needed` ran before Prefect's import (the
-    command); otherwise :func:`tasks.runners.share_api_with_workers` puts it there for worker processes,
+    command); otherwise :func:`runtime.runners.share_api_with_workers` puts it there for worker processes,
     and it is restored on the way out.
     """
     api = _current
@@ -382,7 +382,7 @@ def create_server_app(slow_s: float = DEFAULT_SLOW_S) -> Activity:
     """The server's ASGI app: Prefect's API with the ephemeral set of services, its UI, and our wrappers."""
     from prefect.server.api.server import create_app, create_ui_app
 
-    from tasks import compat
+    from runtime import compat
 
     compat.one_sqlite_connection()  # one writer: no request waits on SQLite's lock
     api = create_app(ephemeral=True, final=True)  # ephemeral: no UI of its own

@@ -3,7 +3,7 @@
 Decisions:
 
 * **MLflow's own server**, ``mlflow models serve --env-manager local``: the registered pyfunc answers
-  ``POST /invocations`` exactly as ``nextloc predict`` does (:mod:`tasks.pyfunc_model`); nothing of ours
+  ``POST /invocations`` exactly as ``nextloc predict`` does (:mod:`tracking.pyfunc_model`); nothing of ours
   sits between a client and it.
 * **No PATH needed.** ``mlflow models serve`` starts ``uvicorn`` by name (``bash -c "exec uvicorn ..."``):
   with only ``.venv/bin/mlflow`` called, and the venv not on ``PATH``, it dies with ``exec: uvicorn: not
@@ -89,11 +89,11 @@ def serve_registered(
 ) -> int:
     """``nextloc serve``: serve ``models:/nextloc-<kind>@<alias>`` until Ctrl-C; the exit code (0: stopped
     by the user, 1: the server failed; a missing model raises ``ValueError``)."""
-    from tasks import tracking, versions
-    from tasks.evaluate import model_uri
+    from tracking import mlflow_runs, versions
+    from tracking.registered import model_uri
 
-    uri = tracking_uri or tracking.default_tracking_uri()
-    tracking.configure(uri, experiment)
+    uri = tracking_uri or mlflow_runs.default_tracking_uri()
+    mlflow_runs.configure(uri, experiment)
     model = model_uri(kind, alias)
     version = versions.alias_version(kind, alias)
     if version is None:

@@ -19,9 +19,9 @@ from nextloc.evaluation.leaderboard import (
 from nextloc.evaluation.metrics import DEDUP_HEADLINE
 from nextloc.raw.duplicates import describe_pairs
 from nextloc.raw.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
-from tasks import tracking
-from tasks.catalog import Catalog
-from tasks.store import tracking_server
+from runtime.catalog import Catalog
+from tracking import mlflow_runs
+from tracking.store import tracking_server
 
 
 @task(name="locate-raw-data")
@@ -48,7 +48,7 @@ def publish_summary(
 ) -> str:
     """Record the run: the ingest report on the MLflow parent run, and a markdown summary as a Prefect artifact.
 
-    A rerun with nothing new (``trained["settled"]``, :mod:`tasks.reruns`) writes nothing to MLflow: the
+    A rerun with nothing new (``trained["settled"]``, :mod:`runtime.reruns`) writes nothing to MLflow: the
     parent run its summary names holds the report already.
 
     The parent run gets the ingest report (``ingest_report.json``: every skipped row and file, with its
@@ -61,7 +61,7 @@ def publish_summary(
     if trained.get("settled"):  # a rerun with nothing new: the parent run it names already has all this
         experiment_id = trained["experiment_id"]
     else:
-        experiment_id = tracking.configure(tracking_uri, experiment)
+        experiment_id = mlflow_runs.configure(tracking_uri, experiment)
         _record_ingest(trained["parent_run_id"], preprocessed)
     markdown = render_summary(preprocessed, trained, experiment_id, _ui_url(tracking_uri, mlflow_ui_url))
     create_markdown_artifact(markdown, key="preprocess-train-summary", description="metrics and MLflow runs")
@@ -74,14 +74,14 @@ def _record_ingest(parent_id: str, preprocessed: dict[str, Any]) -> None:
     ingest = preprocessed["ingest"]
     report = Catalog(preprocessed["data_dir"]).ingest_report
     if report.is_file():
-        tracking.log_file_artifact(parent_id, report)
+        mlflow_runs.log_file_artifact(parent_id, report)
     tags = {
         "ingest.rows_skipped": str(ingest["rows_skipped"]),
         "ingest.files_skipped": str(ingest["files_skipped"]),
         **_duplicate_tags(ingest.get("duplicates")),
         "data_dir": preprocessed["data_dir"],
     }
-    tracking.set_run_tags(parent_id, tags)
+    mlflow_runs.set_run_tags(parent_id, tags)
 
 
 def render_summary(
@@ -113,12 +113,12 @@ def render_summary(
     ]
     if ui_url:
         lines.append(
-            f"- compare the models: [MLflow runs, {tracking.COMPARISON_VIEW_NAME} view]"
-            f"({tracking.comparison_url(ui_url, experiment_id)})"
+            f"- compare the models: [MLflow runs, {mlflow_runs.COMPARISON_VIEW_NAME} view]"
+            f"({mlflow_runs.comparison_url(ui_url, experiment_id)})"
         )
     lines.append("")
     ranked = build_leaderboard(
-        trained["leaderboard"], champions(trained.get("promotion") or {}, tracking.registered_name)
+        trained["leaderboard"], champions(trained.get("promotion") or {}, mlflow_runs.registered_name)
     )
     lines += summary_tables_markdown(ranked)
     lines += _runs_table(trained["runs"], link)

@@ -1,7 +1,7 @@
 """Thin Prefect tasks around the pure ``nextloc`` preprocessing functions.
 
 Each task reads its inputs from paths, calls one library function, writes its outputs atomically, and
-returns :class:`~tasks.caching.Artifact` records (path + content fingerprint). Parquet paths, never
+returns :class:`~runtime.caching.Artifact` records (path + content fingerprint). Parquet paths, never
 DataFrames, cross task boundaries, so results are small, cacheable and shippable to Dask workers.
 """
 
@@ -38,9 +38,9 @@ from nextloc.preprocessing.vocabulary import location_vocabulary, user_vocabular
 from nextloc.raw.duplicates import STAYPOINT_COLUMNS as DUPLICATE_COLUMNS
 from nextloc.raw.duplicates import SharedFiles, describe_pairs, duplicate_report, shared_files
 from nextloc.storage import read_parquet, write_geoparquet, write_json, write_parquet
-from tasks.caching import CACHE_POLICY, Artifact
-from tasks.catalog import Catalog
-from tasks.runners import tile_map
+from runtime.caching import CACHE_POLICY, Artifact
+from runtime.catalog import Catalog
+from runtime.runners import tile_map
 
 
 @dataclass(frozen=True)
@@ -340,7 +340,7 @@ def locate_staypoints_task(
     """Quality filter + dataset-level DBSCAN over every user's staypoints.
 
     ``dbscan_tiles > 0`` clusters by that many spatial tiles (the same bytes out); on the Dask runner the
-    tiles run on the cluster's workers (:func:`tasks.runners.tile_map`).
+    tiles run on the cluster's workers (:func:`runtime.runners.tile_map`).
     """
     logger = get_run_logger()
     with_sp = [u for u in users if u.staypoints is not None and u.n_staypoints > 0]

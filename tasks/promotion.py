@@ -10,8 +10,8 @@ decision metric (a place metric by default) *and* a paired bootstrap over the sa
 (:func:`nextloc.evaluation.champion.champion_decision`). The test, the p-value, the per-user-group differences (users
 whose data changed since the champion was trained, unchanged users, new users) and the decision are
 recorded on the MLflow parent run, the challenger's run and the challenger's registry version
-(:func:`tasks.versions.record_decision`). A new champion's run also gets its answers for a few test users
-drawn on maps (``maps/<user_id>.png`` and ``.html``, :func:`tasks.evaluate.champion_maps`).
+(:func:`tracking.versions.record_decision`). A new champion's run also gets its answers for a few test users
+drawn on maps (``maps/<user_id>.png`` and ``.html``, :func:`tracking.registered.champion_maps`).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from nextloc.evaluation.champion import champion_decision
 from nextloc.evaluation.leaderboard import decision_text
 from nextloc.evaluation.metrics import PLACE_KEYS, REFERENCE_KEYS
 from nextloc.preprocessing.vocabulary import translate_samples, user_data_groups
-from tasks import tracking
-from tasks.caching import CACHE_POLICY, call_cached
-from tasks.catalog import Catalog
-from tasks.locking import registry_lock
-from tasks.tracking import selected_name
+from runtime.caching import CACHE_POLICY, call_cached
+from runtime.catalog import Catalog
+from runtime.locking import registry_lock
 from tasks.train import DataRef, TrackingConfig
-from tasks.versions import Holder, champion_holder, move_champion, record_decision
+from tracking import mlflow_runs
+from tracking.mlflow_runs import selected_name
+from tracking.versions import Holder, champion_holder, move_champion, record_decision
 
 # validation metrics of the selected model that choose a kind's version among seeds (MLflow name -> key in
 # results.json's ``val``); per-sample test metrics that decide
@@ -71,7 +71,7 @@ def champion_challenger(
     """
     _check_metrics(decision_metric, promote_metric)
     logger = get_run_logger()
-    tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
+    mlflow_runs.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     mine = [r for r in runs if r["kind"] == kind and r["results"].get("registered_version")]
     if not mine:
         return {"promoted": False, "reason": f"no registered {kind} version in this run"}
@@ -108,7 +108,7 @@ def champion_challenger(
                 decision = {**head, **verdict}
         if decision["promoted"]:
             move_champion(kind, decision["challenger_version"])
-        name = tracking.registered_name(kind)
+        name = mlflow_runs.registered_name(kind)
         decision["decision"] = decision_text(name, decision)  # the one sentence every surface shows
         record_decision(parent_run_id, kind, decision)
     logger.info("%s: %s -> %s", name, decision["reason"], "promoted" if decision["promoted"] else "kept")
@@ -118,9 +118,9 @@ def champion_challenger(
 
 
 def _draw_champion(kind: str, version: str, run_id: str, data: DataRef, tracking_cfg: TrackingConfig) -> None:
-    """The new champion's maps on its run (:func:`tasks.evaluate.champion_maps`), after the decision is
+    """The new champion's maps on its run (:func:`tracking.registered.champion_maps`), after the decision is
     recorded: a map that cannot be drawn is a warning, never an undone or unrecorded promotion."""
-    from tasks.evaluate import champion_maps  # torch: only when a new champion is drawn
+    from tracking.registered import champion_maps  # torch: only when a new champion is drawn
 
     logger = get_run_logger()
     try:
@@ -187,18 +187,18 @@ def score_champion(
     from nextloc.evaluation.evaluate import score_split
     from nextloc.models.batch import SampleTensors
     from nextloc.models.packed import pack_batch
-    from tasks.evaluate import load_registered, registered_scores
+    from tracking.registered import load_registered, registered_scores
 
-    tags = tracking.run_tags(run_id)
+    tags = mlflow_runs.run_tags(run_id)
     catalog = Catalog(data.data_dir)
     table = pq.read_table(catalog.samples("test"))
     users_now = pd.read_parquet(catalog.vocabulary("users"))
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            folder = tracking.download_run_artifacts(run_id, "vocabulary", Path(tmp))
+            folder = mlflow_runs.download_run_artifacts(run_id, "vocabulary", Path(tmp))
             users_then = pd.read_parquet(folder / "users.parquet")
             locations_then = pd.read_parquet(folder / "locations.parquet")
-        except OSError as err:  # no vocabulary artifact (tracking.download_run_artifacts)
+        except OSError as err:  # no vocabulary artifact (mlflow_runs.download_run_artifacts)
             return {
                 "outcomes": None,
                 "groups": None,

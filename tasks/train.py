@@ -24,11 +24,11 @@ from nextloc.models import registry
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.raw.duplicates import copied_samples
 from nextloc.storage import write_json, write_parquet, write_with
-from tasks import tracking, versions
-from tasks.caching import TASK_SOURCE, Artifact, ContentInputs
-from tasks.catalog import Catalog
-from tasks.plots import plot_per_user, plot_training_curves
-from tasks.tracking import SELECTED_EPOCH, selected_name
+from runtime.caching import TASK_SOURCE, Artifact, ContentInputs
+from runtime.catalog import Catalog
+from tracking import mlflow_runs, versions
+from tracking.mlflow_runs import SELECTED_EPOCH, selected_name
+from tracking.plots import plot_per_user, plot_training_curves
 
 if TYPE_CHECKING:
     from nextloc.evaluation.evaluate import Evaluation
@@ -69,7 +69,7 @@ class TrackingConfig:
     """Where runs go."""
 
     tracking_uri: str | None = None
-    experiment: str = tracking.DEFAULT_EXPERIMENT
+    experiment: str = mlflow_runs.DEFAULT_EXPERIMENT
 
 
 @task(
@@ -113,14 +113,14 @@ def train_model_task(
     logger.info("%s seed %d trains on %s", kind, seed, where)
     meta = json.loads(Path(data.metadata.path).read_text())
     splits = fit_kind.load_splits({s: Path(data.samples[s].path) for s in SPLITS}, dev)
-    experiment_id = tracking.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
+    experiment_id = mlflow_runs.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint, "data_dir": data.data_dir}
     tags["device"] = where
     catalog = Catalog(data.data_dir)
     run_dir = catalog.run_dir(kind, seed)
-    with tracking.training_run(experiment_id, kind, seed, tags, parent_run_id) as run_id:
+    with mlflow_runs.training_run(experiment_id, kind, seed, tags, parent_run_id) as run_id:
         samples = {s: (data.samples[s].path, data.samples[s].fingerprint) for s in SPLITS}
-        tracking.log_split_inputs(Path(data.data_dir).name, samples)
+        mlflow_runs.log_split_inputs(Path(data.data_dir).name, samples)
         started = time.perf_counter()
         fitted = fit_kind.fit_kind(
             kind,
@@ -134,7 +134,7 @@ def train_model_task(
             staypoints=catalog.staypoints,
             locations=catalog.vocabulary("locations"),
         )
-        tracking.log_training(
+        mlflow_runs.log_training(
             {"model": kind, "seed": seed, "device": str(dev), **fitted.params}, fitted.history
         )
         evaluation = fitted.evaluate(splits)
@@ -191,10 +191,10 @@ def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json:
     _log_artifacts(run, fitted, evaluation)
     for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
         if catalog.vocabulary(vocab).is_file():
-            tracking.log_file_artifact(run.run_id, catalog.vocabulary(vocab), "vocabulary")
+            mlflow_runs.log_file_artifact(run.run_id, catalog.vocabulary(vocab), "vocabulary")
     tally = fitted.tally
     model_uri, version, model_id = _log_bundle(run.kind, fitted.model, run.meta, evaluation, catalog, tally)
-    tracking.log_run_metrics(_flat_metrics(fitted, evaluation), model_id=model_id)
+    mlflow_runs.log_run_metrics(_flat_metrics(fitted, evaluation), model_id=model_id)
     results_json.update(
         {"model_uri": model_uri, "registered_version": version, "holds_tally": tally is not None}
     )
@@ -251,7 +251,7 @@ def _log_artifacts(run: _Run, fitted: FittedKind, evaluation: Evaluation) -> Non
     run_id, run_dir, kind, seed = run.run_id, run.run_dir, run.kind, run.seed
     if fitted.history:
         plot_training_curves(fitted.history, run_dir / "training_curves.png", title=f"{kind} seed {seed}")
-        tracking.log_file_artifact(run_id, run_dir / "training_curves.png")
+        mlflow_runs.log_file_artifact(run_id, run_dir / "training_curves.png")
     plot_per_user(
         evaluation.per_user,
         run_dir / "per_user_accuracy.png",
@@ -264,7 +264,7 @@ def _log_artifacts(run: _Run, fitted: FittedKind, evaluation: Evaluation) -> Non
         "new_place_head.json",
         "test_per_sample.parquet",
     ):
-        tracking.log_file_artifact(run_id, run_dir / name)
+        mlflow_runs.log_file_artifact(run_id, run_dir / name)
 
 
 def _requirements() -> list[str]:

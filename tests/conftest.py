@@ -431,7 +431,7 @@ def team_services(sample_dir) -> Iterator[TeamServices]:
     import services as svc_module
     from services import auth
     from services.processes import post_json
-    from tasks import access
+    from tracking import access
 
     root = Path(tempfile.mkdtemp(prefix="nextloc-auth-", dir="/tmp"))
     root.chmod(0o755)  # as root, PostgreSQL runs as the postgres user, which must reach .services/pg

@@ -92,7 +92,7 @@ def test_dbscan_by_tiles_gives_the_located_parquet_byte_for_byte(full_run, tmp_p
     from nextloc.preprocessing.locations import generate_locations
     from nextloc.preprocessing.staypoints import STAYPOINT_COLUMNS, create_activity_flag
     from nextloc.storage import write_geoparquet
-    from tasks.catalog import Catalog
+    from runtime.catalog import Catalog
 
     _, data_dir, _ = full_run
     catalog = Catalog(str(data_dir))

@@ -5,7 +5,7 @@ staypoints are cut into strips along the first fed coordinate, each strip is clu
 epsilon-wide halo of its neighbours' points, and the strips' cluster ids are merged (union-find over the
 core points the halos share). The labels are sklearn's, id for id (the rule is in
 :func:`partitioned_dbscan`). The tiles are independent, so any ``map`` can run them: the builtin one, or a
-Dask client's (the Dask runner, ``tasks/runners.py``); this module never imports Dask.
+Dask client's (the Dask runner, ``runtime/runners.py``); this module never imports Dask.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tasks import tracking
+from tracking import mlflow_runs
 
 pytestmark = pytest.mark.slow
 CHILDREN = ("markov s0", "markov s1", "pointer_plus s0", "pointer_plus s1")
@@ -64,18 +64,18 @@ def test_experiment_opens_on_runs_and_the_comparison_view(browser, stack, screen
     _wait(browser).until(lambda d: f"/experiments/{stack.experiment_id}/runs" in d.current_url)
     assert "overview" not in browser.current_url
     _click(browser, "//button[@data-testid='saved-views-trigger']")
-    _click(browser, f"//*[@role='menuitem'][contains(., '{tracking.COMPARISON_VIEW_NAME}')]")
-    _wait(browser).until(lambda d: f"viewStateShareKey={tracking.COMPARISON_VIEW}" in d.current_url)
+    _click(browser, f"//*[@role='menuitem'][contains(., '{mlflow_runs.COMPARISON_VIEW_NAME}')]")
+    _wait(browser).until(lambda d: f"viewStateShareKey={mlflow_runs.COMPARISON_VIEW}" in d.current_url)
     _show_children(browser)
     columns = _columns(browser)
-    wanted = [f"metrics.`{name}`" for name in tracking.COMPARISON_METRICS]
+    wanted = [f"metrics.`{name}`" for name in mlflow_runs.COMPARISON_METRICS]
     assert set(wanted) <= set(columns), columns
     screenshot(browser, "mlflow-comparison-view")
 
 
 def test_summary_link_opens_the_comparison_view(browser, stack):
     """The link in the Prefect summary (and the experiment description) opens the same view directly."""
-    browser.get(tracking.comparison_url(stack.mlflow_url, stack.experiment_id))
+    browser.get(mlflow_runs.comparison_url(stack.mlflow_url, stack.experiment_id))
     _show_children(browser)
     assert "metrics.`test_place_acc_at_1`" in _columns(browser)
     assert "/runs" in browser.current_url
@@ -104,7 +104,7 @@ def test_nextloc_ui_prints_the_comparison_a_fresh_browser_opens_best_first(
         assert [p.returncode for p in printed] == [0, 0], printed[0].stderr[-2000:]
         url = printed[0].stdout.strip()
         assert url == printed[1].stdout.strip()
-        assert url == tracking.comparison_url(f"http://127.0.0.1:{port}", stack.experiment_id)
+        assert url == mlflow_runs.comparison_url(f"http://127.0.0.1:{port}", stack.experiment_id)
         # the main job's summary says how to get there (on the default port)
         assert (
             "compare the models: .venv/bin/nextloc ui (MLflow's UI on this store), then" in stack.run_output
@@ -132,7 +132,7 @@ def test_compare_two_children(browser, stack, screenshot):
     """Tick the two pointer_plus runs and press Compare: MLflow's compare page shows them side by side."""
     from selenium.webdriver.common.by import By
 
-    browser.get(tracking.comparison_url(stack.mlflow_url, stack.experiment_id))
+    browser.get(mlflow_runs.comparison_url(stack.mlflow_url, stack.experiment_id))
     _show_children(browser)
     for name in ("pointer_plus s0", "pointer_plus s1"):
         row = browser.find_element(By.XPATH, _run_link(name) + "/ancestor::*[@row-index][1]")
@@ -151,7 +151,7 @@ def test_registered_model_shows_the_champion(browser, stack, screenshot):
     page says why (seed, scores, data fingerprint, the decision)."""
     from selenium.webdriver.common.by import By
 
-    browser.get(f"{stack.mlflow_url}/#/models/{tracking.registered_name('pointer_plus')}")
+    browser.get(f"{stack.mlflow_url}/#/models/{mlflow_runs.registered_name('pointer_plus')}")
     _wait(browser).until(lambda d: "champion" in d.find_element(By.TAG_NAME, "body").text)
     screenshot(browser, "mlflow-registered-model")
     from mlflow import MlflowClient

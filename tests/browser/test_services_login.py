@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from tasks import access, tracking
+from tracking import access, mlflow_runs
 
 pytestmark = pytest.mark.slow
 WAIT_S = 90
@@ -93,7 +93,7 @@ def test_mlflow_ui_asks_for_a_login_then_shows_the_runs_to_the_reader(
     browser.execute_cdp_cmd("Network.enable", {})
     browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": login})
     try:
-        browser.get(tracking.comparison_url(s.mlflow, experiment))
+        browser.get(mlflow_runs.comparison_url(s.mlflow, experiment))
         _wait(browser).until(lambda d: d.find_elements(By.XPATH, "//a[normalize-space(.)='markov s0']"))
         statuses = {r["status"] for r in _responses(browser) if r["url"].startswith(s.mlflow)}
         assert 401 not in statuses, statuses

@@ -117,8 +117,8 @@ def test_the_dataset_page_of_the_sample_shows_a_user_offline(
         capture_output=True,
         timeout=300,
     )
+    from commands.dataset_map import LOCATION_COLUMNS  # the page's expected circles, from the library
     from nextloc.maps.dataset import STAYPOINT_COLUMNS, dataset_page
-    from tasks.dataset_map import LOCATION_COLUMNS  # the page's expected circles, from the library
 
     staypoints = pd.read_parquet(data_dir / "staypoints.parquet", columns=list(STAYPOINT_COLUMNS))
     locations = pd.read_parquet(data_dir / "vocabulary" / "locations.parquet", columns=LOCATION_COLUMNS)

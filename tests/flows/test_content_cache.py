@@ -68,8 +68,8 @@ def test_a_copied_data_directory_is_all_cache_hits(base, sample_dir, tmp_path, t
     """A data directory copied elsewhere (new mtimes, as ``cp -r`` gives) reruns nothing: no ingestion, no
     staypoints, no dataset step, no training; and every path handed on points into the copy."""
     from nextloc.preprocessing.sequences import SPLITS
-    from tasks.caching import cached_result
-    from tasks.catalog import Catalog
+    from runtime.caching import cached_result
+    from runtime.catalog import Catalog
     from tasks.preprocess import discover_raw_users, ingest_user
 
     data_dir, uri, preprocessed, trained = base

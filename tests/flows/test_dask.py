@@ -20,7 +20,7 @@ def _digests(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def local_run(sample_dir, tmp_path_factory):
     from flows.preprocess import preprocess
-    from tasks.runners import make_task_runner
+    from runtime.runners import make_task_runner
 
     root = tmp_path_factory.mktemp("local")
     result = preprocess.with_options(task_runner=make_task_runner("local", 2))(
@@ -31,7 +31,7 @@ def local_run(sample_dir, tmp_path_factory):
 
 def test_dask_local_cluster_outputs_are_byte_identical(sample_dir, tmp_path, local_run):
     from flows.preprocess import preprocess
-    from tasks.runners import make_task_runner
+    from runtime.runners import make_task_runner
 
     local, a = local_run
     dask = preprocess.with_options(task_runner=make_task_runner("dask", 2))(
@@ -48,7 +48,7 @@ def test_dbscan_tiles_on_dask_workers_give_the_same_bytes(sample_dir, tmp_path, 
     import distributed
 
     from flows.preprocess import preprocess
-    from tasks.runners import make_task_runner
+    from runtime.runners import make_task_runner
 
     mapped = []
     real_map = distributed.Client.map
@@ -68,7 +68,7 @@ def test_dbscan_tiles_on_dask_workers_give_the_same_bytes(sample_dir, tmp_path, 
 
 
 def test_runner_choices_are_checked():
-    from tasks.runners import make_task_runner
+    from runtime.runners import make_task_runner
 
     with pytest.raises(ValueError, match="'local' or 'dask'"):
         make_task_runner("spark")  # type: ignore[arg-type]
@@ -78,6 +78,6 @@ def test_runner_choices_are_checked():
 
 def test_tile_map_is_the_builtin_map_off_dask():
     """Outside a flow, or on the local runner, DBSCAN tiles run in this process."""
-    from tasks.runners import tile_map
+    from runtime.runners import tile_map
 
     assert tile_map() is map

@@ -93,10 +93,10 @@ def test_registered_models_are_code_and_plain_weights(store, tmp_path):
     pickle anywhere; the signature names and types the visit columns."""
     import mlflow
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     _, uri = store
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     for kind in ("markov", "pointer_plus", "ranker"):
         local = Path(
             mlflow.artifacts.download_artifacts(
@@ -124,7 +124,7 @@ def test_registered_models_are_code_and_plain_weights(store, tmp_path):
 def test_registered_model_scores_as_when_trained(store, kind):
     """The champion loaded back from its bundle (the champion rule and `nextloc evaluate` load it this way)
     scores the test split exactly as the trained model did, its new-place head included."""
-    from tasks.evaluate import evaluate_registered
+    from commands.evaluate import evaluate_registered
 
     data_dir, uri = store
     results = json.loads((data_dir / "results" / kind / "seed0" / "results.json").read_text())
@@ -142,10 +142,10 @@ def test_the_run_logs_the_answer_sets_on_test(store):
     ``test_set_coverage_90``, ``test_set_size_90``, ...); the sets grow with the level."""
     import mlflow
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     data_dir, uri = store
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     client = mlflow.MlflowClient()
     for kind in ("markov", "pointer_plus", "ranker"):
         results = json.loads((data_dir / "results" / kind / "seed0" / "results.json").read_text())
@@ -384,7 +384,7 @@ def test_a_known_user_is_answered_from_their_stored_tally(store, tmp_path):
     can only name the request's own place first. The registered version says it holds personal data."""
     import mlflow
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     data_dir, uri = store
     sp = pd.read_parquet(data_dir / "staypoints.parquet")
@@ -406,7 +406,7 @@ def test_a_known_user_is_answered_from_their_stored_tally(store, tmp_path):
     assert set(named) <= mine
     assert set(named) - {int(last.location_id)}
     assert unknown["places"][0]["location_id"] == int(last.location_id)
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     version = mlflow.MlflowClient().get_model_version_by_alias("nextloc-ranker", "champion")
     assert "Personal data" in version.description
     assert "no list of visits" in version.description
@@ -417,11 +417,11 @@ def test_a_version_without_a_bundle_is_refused_not_unpickled(store, tmp_path):
     error says how to replace it."""
     import mlflow
 
-    from tasks import tracking
-    from tasks.evaluate import load_registered
+    from tracking import mlflow_runs
+    from tracking.registered import load_registered
 
     _, uri = store
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     model = tmp_path / "not_a_bundle.py"
     model.write_text(
         "import mlflow\n"
@@ -502,7 +502,7 @@ def test_the_map_of_a_real_user_holds_their_visits_and_places(store, sample_dir,
     from nextloc.predict.answer import predict
     from nextloc.predict.histories import to_histories
     from nextloc.predict.history_reader import read_history
-    from tasks.evaluate import load_registered
+    from tracking.registered import load_registered
 
     _, uri = store
     bundle = load_registered("pointer_plus", "champion", uri, "test")
@@ -524,18 +524,18 @@ def test_each_champion_has_maps_of_three_test_users(store, tmp_path):
     id) to the champion's run as maps/<user_id>.png and the web map beside it, maps/<user_id>.html (Leaflet
     inside, the actual next place drawn when known)."""
     from nextloc.maps.web import external_references
-    from tasks import tracking
-    from tasks.versions import champion_holder
+    from tracking import mlflow_runs
+    from tracking.versions import champion_holder
 
     data_dir, uri = store
     counts = pd.read_parquet(data_dir / "samples" / "test.parquet", columns=["user_id"])[
         "user_id"
     ].value_counts()
     expected = sorted(counts.index, key=lambda u: (-counts[u], u))[:3]
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     for kind in ("markov", "pointer_plus", "ranker"):
         holder = champion_holder(kind)
-        folder = tracking.download_run_artifacts(holder.run_id, "maps", tmp_path / kind)
+        folder = mlflow_runs.download_run_artifacts(holder.run_id, "maps", tmp_path / kind)
         names = sorted(p.name for p in folder.iterdir())
         assert names == sorted(f"{u}.{suffix}" for u in expected for suffix in ("png", "html")), kind
         for png in folder.glob("*.png"):
@@ -553,14 +553,14 @@ def test_maps_without_tiles_warn_once(store, tmp_path, monkeypatch, caplog):
     after one warning, not one per map: the first map that gets no basemap stops the others asking."""
     import logging
 
-    from tasks import tracking
-    from tasks.evaluate import champion_maps
-    from tasks.versions import champion_holder
+    from tracking import mlflow_runs
+    from tracking.registered import champion_maps
+    from tracking.versions import champion_holder
 
     data_dir, uri = store
     monkeypatch.setenv("NEXTLOC_MAP_TILES", f"http://127.0.0.1:{_free_port()}/{{z}}/{{x}}/{{y}}.png")
     monkeypatch.setenv("NEXTLOC_TILE_CACHE", str(tmp_path / "tiles"))
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     holder = champion_holder("markov")
     with caplog.at_level(logging.WARNING, logger="nextloc.maps.tiles"):
         logged = champion_maps("markov", holder.version, holder.run_id, data_dir, uri, "test")
@@ -614,20 +614,20 @@ def test_nextloc_serve_answers_without_the_venv_on_path(store, two_histories, tm
 @pytest.mark.parametrize("kind", ["ranker", "pointer_plus"])
 def test_the_in_place_registry_read_answers_as_mlflow_download(store, two_histories, kind, tmp_path):
     """`nextloc predict` reads a SQLite registry's champion in place, without MLflow
-    (:func:`tasks.versions.local_bundle`): the same version MLflow resolves and downloads, and exactly the
+    (:func:`tracking.versions.local_bundle`): the same version MLflow resolves and downloads, and exactly the
     same answers (places, probabilities, P(new place)) for a known user's week and an unknown user."""
     import mlflow
 
     from nextloc.predict.answer import predict_visits
     from nextloc.serving import load_bundle
-    from tasks import tracking, versions
-    from tasks.evaluate import load_registered, model_uri
+    from tracking import mlflow_runs, versions
+    from tracking.registered import load_registered, model_uri
 
     _, uri = store
     in_place = versions.local_bundle(kind, "champion", uri)
     assert in_place is not None
     assert (in_place / "bundle.json").is_file()
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     holder = mlflow.MlflowClient().get_model_version_by_alias(f"nextloc-{kind}", "champion")
     assert versions.local_bundle(kind, str(holder.version), uri) == in_place
     assert versions.local_bundle(kind, "no-such-alias", uri) is None

@@ -88,7 +88,7 @@ class TestPreprocessFlow:
         import os
 
         from nextloc.config import PreprocessConfig
-        from tasks.catalog import Catalog
+        from runtime.catalog import Catalog
         from tasks.preprocess import discover_raw_users, generate_staypoints_user, ingest_user
 
         data_dir, result = first_run

@@ -57,10 +57,10 @@ def test_results_files(trained):
 def test_mlflow_runs_params_metrics_models(trained):
     from mlflow import MlflowClient
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     _, uri, result, _ = trained
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     client = MlflowClient()
     exp = client.get_experiment_by_name("test")
     runs = client.search_runs([exp.experiment_id])
@@ -108,7 +108,7 @@ def test_mlflow_runs_params_metrics_models(trained):
     assert "markov.test_acc_at_1_std" in parent_metrics
     # every kind is registered, baselines too; with no champion yet, the seed best on validation place MRR
     for kind in ("markov", "mhsa", "pointer_plus"):
-        name = tracking.registered_name(kind)
+        name = mlflow_runs.registered_name(kind)
         versions = client.search_model_versions(f"name='{name}'")
         assert len(versions) == 2
         champion = client.get_model_version_by_alias(name, "champion")
@@ -135,9 +135,9 @@ def test_mlflow_runs_params_metrics_models(trained):
 def _parent_runs(uri: str) -> list[str]:
     from mlflow import MlflowClient
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
-    experiment_id = tracking.configure(uri, "test")
+    experiment_id = mlflow_runs.configure(uri, "test")
     return [r.info.run_id for r in MlflowClient().search_runs([experiment_id], "tags.kind = 'pipeline'")]
 
 
@@ -161,11 +161,11 @@ def test_rerun_reuses_cached_training(trained):
 def test_champion_versions_read_in_place_agree_with_mlflow(trained):
     from mlflow import MlflowClient
 
-    from tasks import tracking
-    from tasks.versions import champion_versions
+    from tracking import mlflow_runs
+    from tracking.versions import champion_versions
 
     _, uri, _, _ = trained
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     kinds = ["markov", "mhsa", "pointer_plus", "ranker"]  # ranker: never registered here
     client = MlflowClient()
     expected = {k: client.get_model_version_by_alias(f"nextloc-{k}", "champion").version for k in kinds[:3]}
@@ -202,7 +202,7 @@ def test_predict_round_trip(trained, tmp_path):
     assert all(x["location_id"] >= 2 for p in predictions for x in p["places"])  # never pad or "unseen"
     assert all(0 < p["p_new_place"] < 1 for p in predictions)
 
-    from tasks.evaluate import evaluate_registered
+    from commands.evaluate import evaluate_registered
 
     metrics = evaluate_registered("pointer_plus", "champion", data_dir, "test", uri, "test")
     top1 = [p["places"][0]["location_id"] for p in predictions]
@@ -259,10 +259,10 @@ def test_experiment_and_parent_run_tell_the_comparison(trained):
     import mlflow
     from mlflow import MlflowClient
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     _, uri, result, _ = trained
-    tracking.configure(uri, "test")
+    mlflow_runs.configure(uri, "test")
     client = MlflowClient()
     tags = client.get_experiment_by_name("test").tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
@@ -328,7 +328,7 @@ def test_a_moved_champion_is_decided_again_on_a_parent_run_of_its_own(trained):
     from mlflow import MlflowClient
 
     from flows.train import train
-    from tasks.versions import champion_versions
+    from tracking.versions import champion_versions
 
     _, uri, result, kwargs = trained
     parents = _parent_runs(uri)

@@ -25,7 +25,7 @@ import pytest
 import services as services_module
 from services import auth
 from services.processes import post_json
-from tasks import access
+from tracking import access
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from services import auth
-from tasks import access
+from tracking import access
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

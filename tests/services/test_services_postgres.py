@@ -27,7 +27,7 @@ import pytest
 import services as svc_module
 from services import auth
 from services.processes import post_json
-from tasks import access
+from tracking import access
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -182,16 +182,16 @@ def test_nextloc_run_reports_to_running_services(pg_services, monkeypatch):
     uri = os.environ["NEXTLOC_TRACKING_URI"]
     assert uri == f"http://127.0.0.1:{env['NEXTLOC_MLFLOW_PORT']}"  # the tracking server, not its database
     assert os.environ["NEXTLOC_MLFLOW_UI_URL"] == f"http://127.0.0.1:{env['NEXTLOC_MLFLOW_PORT']}"
-    from tasks import tracking
+    from tracking import mlflow_runs
 
-    assert tracking.default_tracking_uri() == uri
+    assert mlflow_runs.default_tracking_uri() == uri
 
     # without PREFECT_API_URL: the embedded SQLite default
     monkeypatch.delenv("NEXTLOC_TRACKING_URI")
     monkeypatch.delenv("PREFECT_API_URL")
     cli._report_to_services()
     assert "NEXTLOC_TRACKING_URI" not in os.environ
-    assert tracking.default_tracking_uri().startswith("sqlite:///")
+    assert mlflow_runs.default_tracking_uri().startswith("sqlite:///")
 
 
 def test_db_url_uses_an_existing_server(pg_services):

@@ -43,9 +43,9 @@ def another_server():
 
 
 def test_a_port_another_program_answers_on_is_named_and_nothing_starts(tmp_path, another_server):
-    from tasks import tracking
+    from tracking import mlflow_runs
 
-    tracking.configure(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    mlflow_runs.configure(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
     code, output = _ui(tmp_path, "--port", str(another_server))
     assert code == 1, output
     assert f"another program answers at http://127.0.0.1:{another_server}" in output

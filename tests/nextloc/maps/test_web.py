@@ -220,7 +220,7 @@ def test_bad_dataset_input_is_named(leaflet, tmp_path):
 
 def test_answering_without_a_web_map_imports_no_folium():
     code = (
-        "import sys; import nextloc.predict.answer, nextloc.maps.png, tasks.evaluate, tasks.dataset_map, commands.main; "
+        "import sys; import nextloc.predict.answer, nextloc.maps.png, commands.evaluate, commands.dataset_map, commands.main; "
         "print([m for m in ('folium', 'branca') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

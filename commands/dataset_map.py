@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from nextloc.storage import read_parquet
-from tasks.catalog import Catalog
+from runtime.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prefect import flow, task
 
-from tasks.caching import (
+from runtime.caching import (
     CACHE_POLICY,
     Artifact,
     Then,
@@ -18,7 +18,7 @@ from tasks.caching import (
     stale_output,
     store_result,
 )
-from tasks.runners import balanced_batches
+from runtime.runners import balanced_batches
 
 CALLS: list[str] = []  # what the per-call function really ran, in order (one process, threads)
 
@@ -101,8 +101,8 @@ def test_a_file_with_a_new_mtime_is_checked_on_its_content(tmp_path):
 def test_keys_are_on_content_not_on_paths(tmp_path):
     """An artifact is keyed by its fingerprint, a raw folder by its files' fingerprint, and a path under the
     data directory whose cache holds the result relative to it."""
-    from tasks.catalog import Catalog
-    from tasks.compat import engine_cache_key
+    from runtime.catalog import Catalog
+    from runtime.compat import engine_cache_key
     from tasks.preprocess import IngestResult, RawUser, generate_staypoints_user, ingest_user
 
     def key(task, root, **params):

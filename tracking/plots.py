@@ -77,7 +77,7 @@ def log_comparison(parent_run_id: str, board: dict[str, Any]) -> list[str]:
         the artifact paths logged.
     """
     from nextloc.evaluation.comparison import draw_comparison
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     title = "test place Acc@1 and place MRR per model kind (mean ± std over seeds)"
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,5 +91,5 @@ def log_comparison(parent_run_id: str, board: dict[str, Any]) -> list[str]:
             )
             return []
         for path in (chart.png, chart.html):
-            tracking.log_file_artifact(parent_run_id, path)
+            mlflow_runs.log_file_artifact(parent_run_id, path)
     return [f"{COMPARISON}.png", f"{COMPARISON}.html"]

@@ -2,8 +2,8 @@
 :func:`describe_version`), downloading a registered version's bundle, the ``champion`` alias (which version
 holds it, moving it) and the records of a champion decision.
 
-The second MLflow module beside :mod:`tasks.tracking` (runs, metrics, artifacts), which names the registered
-models (:func:`tasks.tracking.registered_name`). The rule that decides is :mod:`tasks.promotion` with
+The second MLflow module beside :mod:`tracking.mlflow_runs` (runs, metrics, artifacts), which names the registered
+models (:func:`tracking.mlflow_runs.registered_name`). The rule that decides is :mod:`tasks.promotion` with
 :func:`nextloc.evaluation.champion.champion_decision`.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from nextloc.evaluation.metrics import HEADLINE
-from tasks.store import REGISTERED_PREFIX
+from tracking.store import REGISTERED_PREFIX
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,9 +75,9 @@ def champion_versions(kinds: list[str], tracking_uri: str, experiment: str) -> d
     local = _sqlite_aliases(CHAMPION, tracking_uri)
     if local is not None:
         return {kind: local.get(f"{REGISTERED_PREFIX}{kind}") for kind in kinds}
-    from tasks import tracking
+    from tracking import mlflow_runs
 
-    tracking.configure(tracking_uri, experiment)
+    mlflow_runs.configure(tracking_uri, experiment)
     return {kind: (holder.version if (holder := champion_holder(kind)) else None) for kind in kinds}
 
 
@@ -119,7 +119,7 @@ def _bundle_in(location: str) -> Path | None:
 
 def download_bundle(model_uri: str, dst: Path) -> Path:
     """Download a registered model and return its bundle folder, or its model folder for a model logged
-    without one (which :func:`tasks.evaluate.load_registered` refuses)."""
+    without one (which :func:`tracking.registered.load_registered` refuses)."""
     import mlflow
 
     from nextloc.serving import BUNDLE_ARTIFACT  # torch: only when a bundle is read
@@ -146,10 +146,10 @@ def champion_holder(kind: str) -> Holder | None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     with contextlib.suppress(MlflowException):
-        version = MlflowClient().get_model_version_by_alias(tracking.registered_name(kind), CHAMPION)
+        version = MlflowClient().get_model_version_by_alias(mlflow_runs.registered_name(kind), CHAMPION)
         return Holder(str(version.version), version.run_id)
     return None
 
@@ -160,10 +160,10 @@ def alias_version(kind: str, alias: str) -> str | None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     client = MlflowClient()
-    name = tracking.registered_name(kind)
+    name = mlflow_runs.registered_name(kind)
     with contextlib.suppress(MlflowException):
         found = (
             client.get_model_version(name, alias)
@@ -178,9 +178,9 @@ def move_champion(kind: str, version: str) -> None:
     """Give the ``champion`` alias of ``nextloc-<kind>`` to ``version``."""
     from mlflow import MlflowClient
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
-    MlflowClient().set_registered_model_alias(tracking.registered_name(kind), CHAMPION, version)
+    MlflowClient().set_registered_model_alias(mlflow_runs.registered_name(kind), CHAMPION, version)
 
 
 def record_decision(parent_run_id: str, kind: str, decision: dict[str, Any]) -> None:
@@ -194,10 +194,10 @@ def record_decision(parent_run_id: str, kind: str, decision: dict[str, Any]) -> 
     """
     from mlflow import MlflowClient
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     prefix = f"champion_challenger.{kind}"
-    metric = tracking.mlflow_name(decision.get("metric", "").removeprefix("test "))
+    metric = mlflow_runs.mlflow_name(decision.get("metric", "").removeprefix("test "))
     values = {
         f"{prefix}.challenger_test_{metric}": decision.get("challenger_score"),
         f"{prefix}.champion_test_{metric}": decision.get("champion_score"),
@@ -211,13 +211,13 @@ def record_decision(parent_run_id: str, kind: str, decision: dict[str, Any]) -> 
     verdict = "promoted" if decision["promoted"] else "kept"
     client.set_tag(parent_run_id, f"{prefix}.decision", verdict)
     client.set_tag(parent_run_id, f"{prefix}.reason", decision["reason"][:500])
-    tracking.log_dict_artifact(parent_run_id, decision, f"champion_challenger_{kind}.json")
+    mlflow_runs.log_dict_artifact(parent_run_id, decision, f"champion_challenger_{kind}.json")
     if decision.get("champion_version") == decision.get("challenger_version"):
         return
     text = decision["decision"][:500]
     if decision.get("challenger_run_id"):
         client.set_tag(decision["challenger_run_id"], "champion_decision", text)
-    name = tracking.registered_name(kind)
+    name = mlflow_runs.registered_name(kind)
     if decision.get("challenger_version"):
         client.set_model_version_tag(name, decision["challenger_version"], "champion_decision", text)
     holder = decision.get("champion_version")
@@ -261,7 +261,7 @@ def log_model(
     """Log a model bundle (inside the active run) as a models-from-code pyfunc and register it.
 
     The code is :data:`PYFUNC_CODE`, the weights and config the bundle (:func:`nextloc.serving.save_bundle`):
-    nothing is pickled. The version is created under :func:`tasks.locking.registry_lock`, after the
+    nothing is pickled. The version is created under :func:`runtime.locking.registry_lock`, after the
     registered model where it is new (``mlflow.register_model`` would try to create the registered model
     every time and recover from the duplicate).
 
@@ -273,8 +273,8 @@ def log_model(
     from mlflow.exceptions import MlflowException
 
     from nextloc.serving import BUNDLE_ARTIFACT  # torch: only when a model is registered
-    from tasks import tracking
-    from tasks.locking import registry_lock
+    from runtime.locking import registry_lock
+    from tracking import mlflow_runs
 
     info = mlflow.pyfunc.log_model(
         name="model",
@@ -284,7 +284,7 @@ def log_model(
         input_example=example,
         pip_requirements=pip_requirements,
     )
-    name = tracking.registered_name(kind)
+    name = mlflow_runs.registered_name(kind)
     client = MlflowClient()
     with registry_lock():
         try:
@@ -316,24 +316,24 @@ def describe_version(
     (The champion decision is added by :mod:`tasks.promotion`.)"""
     from mlflow import MlflowClient
 
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     client = MlflowClient()
-    name = tracking.registered_name(kind)
+    name = mlflow_runs.registered_name(kind)
     val = results.get("val", {})
     tags = {
         "model": kind,
         "seed": str(seed),
         "data_fingerprint": data_fingerprint,
         **{
-            f"test_{tracking.mlflow_name(key)}": f"{results[key]:.2f}"
+            f"test_{mlflow_runs.mlflow_name(key)}": f"{results[key]:.2f}"
             for key in VERSION_SCORES
             if key in results
         },
-        **{tracking.selected_name(key): f"{val[key]:.2f}" for key in VERSION_SCORES if key in val},
+        **{mlflow_runs.selected_name(key): f"{val[key]:.2f}" for key in VERSION_SCORES if key in val},
     }
-    if results.get(tracking.SELECTED_EPOCH) is not None:
-        tags[tracking.SELECTED_EPOCH] = str(results[tracking.SELECTED_EPOCH])
+    if results.get(mlflow_runs.SELECTED_EPOCH) is not None:
+        tags[mlflow_runs.SELECTED_EPOCH] = str(results[mlflow_runs.SELECTED_EPOCH])
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
     scores = ", ".join(f"{key} {results[key]:.2f}" for key in VERSION_SCORES if key in results)

@@ -1,7 +1,8 @@
 """The data catalog: where each dataset lives under a data directory.
 
-Only ``tasks/`` and ``flows/`` know paths; the ``nextloc`` library works on tables. Layers are numbered
-as in ``configs/catalog.yaml`` (documentation of this layout); the user-facing outputs sit at the top.
+Only the layers above the library (``runtime/``, ``tracking/``, ``tasks/``, ``flows/``, ``commands/``) know
+paths; the ``nextloc`` library works on tables. Layers are numbered as in ``configs/catalog.yaml``
+(documentation of this layout); the user-facing outputs sit at the top.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class Catalog:
     """Paths of every dataset under ``data_dir``.
 
     ``data_dir`` is where outputs go, not what they hold: cache keys leave it out (a task's outputs are
-    under the data directory whose cache holds its result; :mod:`tasks.caching`).
+    under the data directory whose cache holds its result; :mod:`runtime.caching`).
     """
 
     data_dir: str = field(metadata={"cache_key": False})

@@ -18,7 +18,7 @@ from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
-from tasks import compat
+from runtime import compat
 
 RunnerKind = Literal["local", "dask"]
 
@@ -75,7 +75,7 @@ class TrainingPoolTaskRunner(ProcessPoolTaskRunner):
     threads, after resolving the submission's inputs, so runs started in whichever order those threads got
     there: seed 4 before seed 3 in one invocation and after it in the next, and so another run left
     alone at the end and another wall time. Here one thread hands them over, in order
-    (:func:`tasks.compat.submit_in_order`). A submission that waits for an upstream future holds back the
+    (:func:`runtime.compat.submit_in_order`). A submission that waits for an upstream future holds back the
     ones after it; the trainings have no upstream futures.
 
     Its workers report to the flow's Prefect API (:func:`share_api_with_workers` before they start): a worker
@@ -95,7 +95,7 @@ def training_runner(workers: int = 1) -> ProcessPoolTaskRunner:
 
     A worker process that has loaded torch, MLflow and Prefect spends about 1 s tearing the interpreter down
     when the pool shuts it down, and the flow waits for it. Its last exit handler (registered first, run
-    last) is :func:`tasks.compat.end_worker_without_teardown`: multiprocessing's queues are delivered (the
+    last) is :func:`runtime.compat.end_worker_without_teardown`: multiprocessing's queues are delivered (the
     log and event messages forwarded to the flow's process), then the process ends at once.
     """
     return TrainingPoolTaskRunner(max_workers=workers, initializer=_exit_without_teardown)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks.locking import LOCK_NAME, DataDirBusy, data_dir_lock
+from runtime.locking import LOCK_NAME, DataDirBusy, data_dir_lock
 
 HOLD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from tasks.locking import data_dir_lock
+    from runtime.locking import data_dir_lock
     with data_dir_lock(sys.argv[1]):
         Path(sys.argv[2]).write_text("held")
         while not Path(sys.argv[3]).exists():

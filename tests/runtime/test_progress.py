@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tasks.progress import RoutineTaskRunFilter
+from runtime.progress import RoutineTaskRunFilter
 
 
 def record(name: str, level: int, msg: str) -> logging.LogRecord:
@@ -32,7 +32,7 @@ def test_only_routine_task_run_completions_leave_the_console(name, level, msg, s
 def test_quiet_console_is_idempotent_and_touches_only_console_handlers():
     from prefect.logging.handlers import APILogHandler, PrefectConsoleHandler
 
-    from tasks.progress import quiet_task_runs_on_console
+    from runtime.progress import quiet_task_runs_on_console
 
     quiet_task_runs_on_console()
     quiet_task_runs_on_console()

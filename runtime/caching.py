@@ -7,7 +7,7 @@ computed with the old code.
 
 Keys are on content, not on where things are: an :class:`Artifact` is keyed by its fingerprint alone, a
 dataclass field marked ``metadata={"cache_key": False}`` (a raw folder beside its content fingerprint, the
-data directory of a :class:`~tasks.catalog.Catalog`) is left out, and a path under the data directory
+data directory of a :class:`~runtime.catalog.Catalog`) is left out, and a path under the data directory
 whose cache holds the result (an output location) is keyed relative to it. So the same raw data spelled
 another way, or a data directory copied elsewhere, finds its results. A result read back from a data
 directory that was moved or copied points at the files under the current one (:func:`cached_result`), and
@@ -36,8 +36,8 @@ from pydantic import BaseModel
 import nextloc
 from nextloc.fingerprint import hash_file, hash_text
 from nextloc.storage import atomic_path
-from tasks import compat
-from tasks.catalog import Catalog
+from runtime import compat
+from runtime.catalog import Catalog
 
 logger = logging.getLogger("nextloc.cache")
 

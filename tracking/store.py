@@ -1,12 +1,12 @@
 """Where the tracking and registry store is, without importing MLflow (the ``nextloc predict`` path reads
-the registry before anything else and should not pay for MLflow's import: :func:`tasks.versions.local_bundle`)."""
+the registry before anything else and should not pay for MLflow's import: :func:`tracking.versions.local_bundle`)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-REGISTERED_PREFIX = "nextloc-"  # one registered model per kind: tasks.tracking.registered_name
+REGISTERED_PREFIX = "nextloc-"  # one registered model per kind: tracking.mlflow_runs.registered_name
 
 
 def tracking_server(uri: str) -> str | None:

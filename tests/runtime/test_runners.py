@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prefect import flow, get_run_logger, task
 
-from tasks.runners import fan_out_width, make_task_runner, training_runner
+from runtime.runners import fan_out_width, make_task_runner, training_runner
 
 
 def _note_exit(path: str) -> None:
@@ -46,7 +46,7 @@ def test_worker_runs_exit_handlers_and_ends(tmp_path):
 
 SCRIPT = """
 import atexit, sys
-from tasks.runners import _exit_without_teardown
+from runtime.runners import _exit_without_teardown
 _exit_without_teardown()
 atexit.register(print, "handler ran", flush=True)
 class TornDown:

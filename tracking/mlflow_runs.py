@@ -1,9 +1,9 @@
 """MLflow, behind two modules: this one (tracking URI, experiment, runs, their metrics and artifacts, the
-leaderboard on the parent run, store copies) and :mod:`tasks.versions` (registering and describing a
+leaderboard on the parent run, store copies) and :mod:`tracking.versions` (registering and describing a
 version, a registered version's bundle, the ``champion`` alias and the records of its decisions).
 
 Nothing happens at import, and MLflow (about 2 s to import) is imported in the functions that call it: a
-cached rerun that has nothing to record (:mod:`tasks.reruns`) never imports it. ``configure()`` chooses the backend explicitly: by default a SQLite store
+cached rerun that has nothing to record (:mod:`runtime.reruns`) never imports it. ``configure()`` chooses the backend explicitly: by default a SQLite store
 ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` (MLflow >= 3.7 changed its implicit
 default; the file store is in maintenance mode).
 """
@@ -24,8 +24,8 @@ import pandas as pd
 
 from nextloc.evaluation.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.evaluation.metrics import HEADLINE
-from tasks.locking import registry_lock
-from tasks.store import REGISTERED_PREFIX, default_tracking_uri
+from runtime.locking import registry_lock
+from tracking.store import REGISTERED_PREFIX, default_tracking_uri
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +73,16 @@ and press *Compare*. Registered models: *Model registry* (`nextloc-<kind>`; the 
 def configure(tracking_uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT) -> str:
     """Point MLflow at the store and make sure the experiment exists, tagged; returns the experiment id.
 
-    Creating and tagging happen under :func:`tasks.locking.registry_lock`: runs starting at once on a fresh
+    Creating and tagging happen under :func:`runtime.locking.registry_lock`: runs starting at once on a fresh
     store would otherwise race to insert the same rows.
 
     Raises:
-        tasks.access.ServiceRefused: a tracking server refused this process's credentials.
+        tracking.access.ServiceRefused: a tracking server refused this process's credentials.
     """
     import mlflow
     from mlflow import MlflowClient
 
-    from tasks.access import check_mlflow
+    from tracking.access import check_mlflow
 
     uri = tracking_uri or default_tracking_uri()
     check_mlflow(uri)  # a refused credential named, with what to set, before MLflow's own error
@@ -186,7 +186,7 @@ def close_interrupted_runs(experiment_id: str, tags: dict[str, str]) -> list[str
     """Mark as KILLED the runs with these tags still RUNNING: a killed process never ended them.
 
     Safe only while no other process can be running them: the caller holds the data directory's lock
-    (``tasks.locking``) and the tags name the data directory, model and seed.
+    (``runtime.locking``) and the tags name the data directory, model and seed.
     """
     from mlflow import MlflowClient
 

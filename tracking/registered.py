@@ -1,24 +1,25 @@
-"""Evaluate, compare and serve registered models (MLflow registry)."""
+"""A registered model read back from the MLflow registry: its URI, its bundle (read as data, nothing run),
+its scores on a split of a dataset, a champion's answers drawn on maps, and the leaderboard of the tracked
+runs."""
 
 from __future__ import annotations
 
 import logging
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from nextloc.io.visits import parse_time, validate_visits
+from nextloc.io.visits import validate_visits
 from nextloc.predict.answer import predict
-from nextloc.predict.histories import encode_visits, history_visits, to_histories
-from nextloc.predict.history_reader import read_history
+from nextloc.predict.histories import encode_visits, history_visits
 from nextloc.routine.ranking import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
-from tasks import versions
-from tasks.catalog import Catalog
-from tasks.store import REGISTERED_PREFIX, default_tracking_uri
+from runtime.catalog import Catalog
+from tracking import versions
+from tracking.store import REGISTERED_PREFIX, default_tracking_uri
 
 if TYPE_CHECKING:
     from nextloc.evaluation.evaluate import ScoreFn
@@ -37,7 +38,7 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     safetensors weights and parquet vocabulary (the logged code is not run).
 
     A SQLite store's version is read in place, its alias resolved in the registry's tables without
-    importing MLflow (:func:`tasks.versions.local_bundle`); any other is downloaded through MLflow.
+    importing MLflow (:func:`tracking.versions.local_bundle`); any other is downloaded through MLflow.
 
     Raises:
         ValueError: the version holds no bundle (a pickled model logged by an early nextloc): reading it
@@ -46,9 +47,9 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     in_place = versions.local_bundle(kind, alias, tracking_uri or default_tracking_uri())
     if in_place is not None:
         return load_bundle(in_place)
-    from tasks import tracking
+    from tracking import mlflow_runs
 
-    tracking.configure(tracking_uri, experiment)
+    mlflow_runs.configure(tracking_uri, experiment)
     uri = model_uri(kind, alias)
     with tempfile.TemporaryDirectory() as tmp:
         folder = versions.download_bundle(uri, Path(tmp))
@@ -91,71 +92,6 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
     return lambda batch: answers[batch.index], explore
 
 
-def evaluate_registered(
-    kind: str, alias: str, data_dir: Path, split: str, tracking_uri: str | None, experiment: str
-) -> dict[str, Any]:
-    """Metrics of a registered model on one split of a preprocessed dataset (place metrics first; P(new place)
-    from the model's own new-place head, fit on validation when it was trained; with a head, the answer sets'
-    coverage and size, :data:`nextloc.evaluation.metrics.SET_KEYS`)."""
-    from nextloc.evaluation.evaluate import score_split, without_copies
-    from nextloc.models.batch import SampleTensors  # torch: evaluating, not answering
-    from nextloc.raw.duplicates import copied_samples
-
-    bundle = load_registered(kind, alias, tracking_uri, experiment)
-    data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
-    # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
-    # softmax their input; softmaxing probabilities themselves would flatten them)
-    scores, explore = registered_scores(bundle, Path(data_dir), split)
-    # a routine kind is scored on its one distribution over the places and "a new place", as in training;
-    # every kind's answer sets read the distribution `nextloc predict --coverage` answers with
-    scored = score_split(scores, data, explore=explore, head=bundle.head, joint=explore is not None)
-    p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
-    metrics = scored.accumulator.compute(p_new)
-    if bundle.head is not None:
-        metrics.update(scored.answer_sets())
-    copied = copied_samples(Catalog(str(data_dir)).staypoints, data.table) if split == "test" else None
-    if copied is not None:
-        metrics.update(without_copies(scored.accumulator.per_sample(), copied))
-    return {"model": model_uri(kind, alias), "split": split, **metrics}
-
-
-def predict_registered(
-    kind: str,
-    alias: str,
-    history: str,
-    k: int,
-    tracking_uri: str | None,
-    experiment: str,
-    at: str | None = None,
-    user_id: int | None = None,
-    progress: bool = True,
-    map_path: Path | None = None,
-    coverage: float | None = None,
-) -> list[dict[str, Any]]:
-    """Answers of a registered model for a history file (visits, positionfixes, samples) or JSON text:
-    top-k known places with coordinates and P(new place) (:mod:`nextloc.predict.answer`), with ``coverage``
-    the answer set too (:mod:`nextloc.predict.answer_set`; the command line checks it before any work); with
-    ``map_path``, the answers drawn on a map there: an ``.html`` web map
-    (:func:`nextloc.maps.answers.predictions_page`), else the first ones in a PNG
-    (:func:`nextloc.maps.png.draw_predictions`)."""
-    bundle = load_registered(kind, alias, tracking_uri, experiment)
-    raw = read_history(history, bundle.preprocess, user_id)
-    stamp = parse_time(at, "--at", "at") if at else None
-    histories = to_histories(raw, bundle, stamp)
-    answers = predict(bundle, histories, k, progress=progress, coverage=coverage)
-    if map_path is not None and Path(map_path).suffix.lower() in (".html", ".htm"):
-        from nextloc.maps.answers import predictions_page  # folium: only with a web map
-
-        page = predictions_page(histories, answers, bundle.locations, Path(map_path))
-        logger.info("web map of %d of %d answers: %s", len(page.layers), len(answers), page.path)
-    elif map_path is not None:
-        from nextloc.maps.png import draw_predictions  # matplotlib: only with a map
-
-        drawn = draw_predictions(histories, answers, bundle.locations, Path(map_path))
-        logger.info("map of the first %d of %d answers: %s", len(drawn.panels), len(answers), drawn.path)
-    return answers
-
-
 MAP_USERS = 3  # test users drawn for each champion
 
 
@@ -182,7 +118,7 @@ def champion_maps(
     """
     from nextloc.maps.answers import answers_page  # folium, matplotlib: only drawing
     from nextloc.maps.png import draw_answer, map_questions
-    from tasks import tracking
+    from tracking import mlflow_runs
 
     bundle = load_registered(kind, version, tracking_uri, experiment)
     catalog = Catalog(str(data_dir))
@@ -213,7 +149,7 @@ def champion_maps(
             except FileNotFoundError as err:  # Leaflet's files (Debian's libjs-leaflet): the PNG stays
                 logger.warning("no web map for user %d: %s", question.user_id, err)
             for path in drawn:
-                tracking.log_file_artifact(run_id, path, "maps")
+                mlflow_runs.log_file_artifact(run_id, path, "maps")
                 logged.append(f"maps/{path.name}")
     return logged
 
@@ -224,10 +160,10 @@ def leaderboard_from_mlflow(
     """Mean +- std over seeds of every test metric (:data:`nextloc.evaluation.metrics.RESULT_KEYS`) of every model run."""
     from nextloc.evaluation.leaderboard import summarise
     from nextloc.evaluation.metrics import RESULT_KEYS
-    from tasks import tracking
+    from tracking import mlflow_runs
 
-    tracking.configure(tracking_uri, experiment)
-    runs = tracking.search_model_runs(experiment)
+    mlflow_runs.configure(tracking_uri, experiment)
+    runs = mlflow_runs.search_model_runs(experiment)
     if runs.empty:
         return {}, f"no model runs in experiment {experiment!r}"
     note = f"experiment {experiment!r}, all datasets"
@@ -241,7 +177,7 @@ def leaderboard_from_mlflow(
     for kind, group in runs.groupby("tags.model"):
         board[kind] = {}
         for key in RESULT_KEYS:
-            col = f"metrics.test_{tracking.mlflow_name(key)}"
+            col = f"metrics.test_{mlflow_runs.mlflow_name(key)}"
             values = group[col].dropna().to_numpy(float) if col in group else np.array([])
             board[kind][key] = summarise(values)
     return board, note

@@ -12,8 +12,8 @@ import pytest
 from prefect import flow, task
 from prefect.task_runners import ProcessPoolTaskRunner
 
-from tasks import compat
-from tasks.caching import CACHE_POLICY
+from runtime import compat
+from runtime.caching import CACHE_POLICY
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def test_installed_versions_are_the_ones_the_shims_were_written_for():
 class TestExitWithoutTeardown:
     SCRIPT = """
 import atexit, sys, threading, time
-from tasks import compat
+from runtime import compat
 class TornDown:
     def __del__(self):
         print("torn down", flush=True)
@@ -74,7 +74,7 @@ compat.exit_without_teardown(3)
 class TestEndWorkerWithoutTeardown:
     SCRIPT = """
 import atexit, multiprocessing, sys
-from tasks import compat
+from runtime import compat
 atexit.register(compat.end_worker_without_teardown)  # first registered: runs last
 atexit.register(print, "handler ran", flush=True)
 class TornDown:

@@ -4,7 +4,7 @@ nextloc reaches into internals only where the public API lacks the hook or costs
 Each such place is a function here, checked against the version range it was written and tested for
 (:data:`RANGES`). Outside its range a shim either falls back to the public path (what the code does
 without the shortcut; a warning names the shim) or fails loudly where a silent difference would change
-results; each docstring says which. ``tests/tasks/test_compat.py`` tests every shim in and out of range.
+results; each docstring says which. ``tests/runtime/test_compat.py`` tests every shim in and out of range.
 
 This module imports only the standard library at import time: ``commands.main`` imports it before Prefect is
 loaded, and the version checks read package metadata only when a shim is called.
@@ -66,7 +66,7 @@ def _versions(component: str) -> tuple[str, str, str]:
 def _fallback(shim: str, component: str) -> None:
     installed, low, high = _versions(component)
     log.warning(
-        "%s: %s %s is outside >=%s,<%s (tasks/compat.py); falling back as its docstring says",
+        "%s: %s %s is outside >=%s,<%s (runtime/compat.py); falling back as its docstring says",
         shim,
         component,
         installed,
@@ -84,7 +84,7 @@ def _require(shim: str, component: str) -> None:
         installed, low, high = _versions(component)
         raise UnsupportedVersion(
             f"{shim} was written for {component} >={low},<{high}, installed: {installed}; "
-            "check tasks/compat.py against the new version and widen RANGES"
+            "check runtime/compat.py against the new version and widen RANGES"
         )
 
 

@@ -1,4 +1,4 @@
-"""The parent run's chart of the kinds (:func:`tasks.plots.log_comparison`) against a real SQLite store."""
+"""The parent run's chart of the kinds (:func:`tracking.plots.log_comparison`) against a real SQLite store."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import mlflow
 import pytest
 
 from nextloc.maps.web import external_references
-from tasks import tracking
-from tasks.plots import COMPARISON, log_comparison
+from tracking import mlflow_runs
+from tracking.plots import COMPARISON, log_comparison
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "leaderboard"
 
@@ -19,8 +19,8 @@ GOLDEN = Path(__file__).parents[1] / "golden" / "leaderboard"
 @pytest.fixture
 def parent_run(tmp_path: Path) -> Iterator[str]:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    experiment_id = tracking.configure(uri, "t")
-    with tracking.parent_run(experiment_id, "p", {}, {}) as run_id:
+    experiment_id = mlflow_runs.configure(uri, "t")
+    with mlflow_runs.parent_run(experiment_id, "p", {}, {}) as run_id:
         yield run_id
 
 
@@ -28,7 +28,7 @@ def test_the_chart_goes_beside_the_leaderboard(parent_run: str, tmp_path: Path) 
     """leaderboard.json, leaderboard_chart.png and leaderboard_chart.html at the parent run's top level; the
     page fetches nothing and lists every kind, one with no test value (NaN) included."""
     sample = json.loads((GOLDEN / "sample.json").read_text())
-    tracking.log_leaderboard(parent_run, sample["leaderboard"], sample["runs"], sample["promotion"])
+    mlflow_runs.log_leaderboard(parent_run, sample["leaderboard"], sample["runs"], sample["promotion"])
     logged = log_comparison(parent_run, sample["leaderboard"])
     assert logged == [f"{COMPARISON}.png", f"{COMPARISON}.html"]
     names = {a.path for a in mlflow.MlflowClient().list_artifacts(parent_run)}

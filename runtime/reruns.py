@@ -16,8 +16,8 @@ from typing import Any
 
 from nextloc.atomic import write_text_atomic
 from nextloc.fingerprint import hash_file, hash_text
-from tasks.caching import library_fingerprint
-from tasks.catalog import Catalog
+from runtime.caching import library_fingerprint
+from runtime.catalog import Catalog
 
 _FOLDER = "reruns"
 
