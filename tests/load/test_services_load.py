@@ -57,8 +57,10 @@ def test_burst_of_deployment_runs_on_postgres(sample_dir):
     assert not result["timed_out"], failures
     assert result["flow_run_states"] == {"COMPLETED": 7}, failures
     assert result["db_error_count"] == 0, result["db_error_lines"]
-    # no client raced another into a duplicate key (experiment, tags, registered model, metrics)
+    # no client raced another into a duplicate key (experiment, tags, registered model, metrics); the one race
+    # Prefect's task-run recorder retries itself (counted apart) lost no event
     assert result["postgres_error_count"] == 0, result["postgres_error_lines"]
+    assert result["task_run_recorder_lost_events"] == [], result["task_run_recorder_lost_events"]
     assert result["mlflow_parent_runs"] == 7
     assert result["mlflow_runs"] == 14  # a parent and a markov child per run
     assert result["mlflow_run_statuses"] == {"FINISHED": 14}
