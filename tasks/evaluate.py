@@ -14,7 +14,7 @@ from nextloc.io.visits import parse_time, validate_visits
 from nextloc.predict.answer import predict
 from nextloc.predict.histories import encode_visits, history_visits, to_histories
 from nextloc.predict.history_reader import read_history
-from nextloc.routine.ranking import RoutineData
+from nextloc.routine.data import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
 from tasks import versions
 from tasks.catalog import Catalog
@@ -62,17 +62,20 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     )
 
 
-def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[ScoreFn, np.ndarray | None]:
+def registered_scores(
+    bundle: ModelBundle, data_dir: Path, split: str
+) -> tuple[ScoreFn, np.ndarray | None, np.ndarray | None]:
     """A registered model's log-probabilities for the samples of one split of a dataset in the model's ids,
-    and (routine kinds) their explore features. A routine kind reads the dataset's staypoints: every
-    question's whole past."""
+    and (routine kinds) their explore features and windows anchored at each question's now. A routine kind
+    reads the dataset's staypoints: every question's whole past, each place's centre as of the question's
+    now (as in training's evaluation; the bundle's own centres are for answers)."""
     import torch  # torch, nextloc.models.batch, nextloc.evaluation.evaluate: evaluating, not answering
 
     from nextloc.models.batch import SampleTensors
     from nextloc.models.packed import pack_batch
 
     if bundle.routine is None:
-        return lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), None
+        return lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), None, None
     catalog = Catalog(str(data_dir))
     samples = SampleTensors.from_parquet(catalog.samples(split))
     data = RoutineData.build(
@@ -81,6 +84,7 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
         {split: samples},
         bundle.routine.num_places,
         bundle.preprocess.timezone,
+        bundle.preprocess.samples.previous_days,
     )
     model = bundle.routine.model
     answers = torch.from_numpy(data.log_probabilities(model, split))
@@ -88,7 +92,7 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
     explore = (
         data.explore(model, split) if bundle.routine.unseen is not None else data.candidates[split].explore
     )
-    return lambda batch: answers[batch.index], explore
+    return lambda batch: answers[batch.index], explore, data.windows[split]
 
 
 def evaluate_registered(
@@ -105,10 +109,11 @@ def evaluate_registered(
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
     # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
     # softmax their input; softmaxing probabilities themselves would flatten them)
-    scores, explore = registered_scores(bundle, Path(data_dir), split)
+    scores, explore, window = registered_scores(bundle, Path(data_dir), split)
     # a routine kind is scored on its one distribution over the places and "a new place", as in training;
     # every kind's answer sets read the distribution `nextloc predict --coverage` answers with
-    scored = score_split(scores, data, explore=explore, head=bundle.head, joint=explore is not None)
+    joint = explore is not None
+    scored = score_split(scores, data, explore=explore, head=bundle.head, joint=joint, window=window)
     p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
     metrics = scored.accumulator.compute(p_new)
     if bundle.head is not None:
