@@ -10,6 +10,10 @@ Acc@1 by what the test target is:
 * ``unvisited``: a known place the user never visited before;
 * ``new``: a place outside the train vocabulary (always a miss for a place model).
 
+A routine kind's ``past_places``: its reference metrics, AUC and Brier score when the new-place head's
+``unseen_return_share`` leaves out the unseen places with fewer than 2 visits before now (the protocol's
+DBSCAN effect, docs/protocol.md), beside the headline.
+
 ``ratio_to_reference`` is each kind's mean place Acc@1 over the reference pointer's (kind ``pointer``,
 Pointer V45) when it was trained on the same folder. Nothing is chosen here: it reports test once.
 
@@ -34,7 +38,8 @@ import pandas as pd
 from nextloc.config import PreprocessConfig
 from nextloc.evaluation.leaderboard import summarise
 from nextloc.evaluation.metrics import RESULT_KEYS
-from nextloc.routine.features import Routine, VisitLog, queries_for_targets
+from nextloc.routine.features import Routine
+from nextloc.routine.visits import VisitLog, queries_for_targets
 
 GROUPS = ("window", "past", "unvisited", "new")
 
@@ -72,6 +77,9 @@ def kind_report(folder: Path, groups: np.ndarray) -> dict:
         for group in GROUPS:
             by_group[group].append(float(hits[groups == group].mean()))
     report["place_acc@1_by_target"] = {g: summarise(v) for g, v in by_group.items()}
+    past = [r["past_places"] for r in results if "past_places" in r]
+    if past:  # a routine kind: the head without the unseen places DBSCAN finds only with the future
+        report["past_places"] = {key: summarise([p.get(key, np.nan) for p in past]) for key in past[0]}
     return report
 
 

@@ -31,7 +31,8 @@ from nextloc.models import build_model
 from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.routine.counts import grouped_softmax
-from nextloc.routine.ranking import CandidateSet, RoutineData, RoutineRanker, candidate_mrr
+from nextloc.routine.data import RoutineData
+from nextloc.routine.ranking import CandidateSet, RoutineRanker, candidate_mrr
 from nextloc.training.train import fit_model
 
 NETWORK = "pointer_plus"

@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 from cross_fit import ranker_on_val, routine_data
 
-from nextloc.routine.features import MINUTES_PER_DAY, Queries, Routine, queries_for_targets
+from nextloc.routine.features import Routine
 from nextloc.routine.ranking import CandidateSet
+from nextloc.routine.visits import MINUTES_PER_DAY, Queries, queries_for_targets
 
 Feature = Callable[[Routine, Queries, np.ndarray, np.ndarray], np.ndarray]  # (routine, queries, q, place)
 

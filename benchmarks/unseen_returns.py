@@ -5,7 +5,7 @@ after the train period and visited again (27% of validation's new targets, 38% o
 counts every such place as the one encoded place ``1``; :mod:`nextloc.routine.unseen` gives each its own id,
 the ranker (fit on train, trees chosen on validation, as the ``ranker`` kind) scores them beside the known
 candidates, and ``unseen_return_share`` is the share of its calibrated softmax that falls on them
-(:meth:`~nextloc.routine.ranking.RoutineData.explore`).
+(:meth:`~nextloc.routine.data.RoutineData.explore`).
 
 The head is the product's :class:`~nextloc.routine.novelty.NewPlaceHead` over the ranker's inputs, without
 and with that column, linear (the product's) and quadratic (each input and its standardised square), compared by 5-fold cross-validation on validation (stratified,
@@ -27,8 +27,8 @@ from cross_fit import routine_data
 from nextloc.evaluation.evaluate import score_split
 from nextloc.models.batch import SampleTensors
 from nextloc.preprocessing.sequences import UNSEEN
+from nextloc.routine.data import RoutineData
 from nextloc.routine.novelty import NewPlaceHead
-from nextloc.routine.ranking import RoutineData
 
 FOLDS, REPEATS = 5, 3
 

@@ -31,10 +31,11 @@ def evaluate_registered(
     data = SampleTensors.from_parquet(Path(data_dir) / "samples" / f"{split}.parquet")
     # log-probabilities: the ranking of the probabilities, and what the new-place features expect (they
     # softmax their input; softmaxing probabilities themselves would flatten them)
-    scores, explore = registered_scores(bundle, Path(data_dir), split)
+    scores, explore, window = registered_scores(bundle, Path(data_dir), split)
     # a routine kind is scored on its one distribution over the places and "a new place", as in training;
     # every kind's answer sets read the distribution `nextloc predict --coverage` answers with
-    scored = score_split(scores, data, explore=explore, head=bundle.head, joint=explore is not None)
+    joint = explore is not None
+    scored = score_split(scores, data, explore=explore, head=bundle.head, joint=joint, window=window)
     p_new = bundle.head.predict(scored.features) if bundle.head is not None else None
     metrics = scored.accumulator.compute(p_new)
     if bundle.head is not None:

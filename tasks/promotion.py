@@ -228,7 +228,7 @@ def score_champion(
         if tags.get("data_fingerprint") != data.fingerprint:
             why = "a routine kind reads the whole past in its own place ids, which another dataset does not have"
             return {"outcomes": None, "groups": None, "how": how, "why": why}
-        scores, _ = registered_scores(bundle, Path(data.data_dir), "test")
+        scores, _, _ = registered_scores(bundle, Path(data.data_dir), "test")
     else:
         scores = lambda batch: bundle.scorer(pack_batch(batch))  # noqa: E731
     per_sample = score_split(scores, samples).accumulator.per_sample()

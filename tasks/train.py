@@ -168,6 +168,7 @@ def _results_json(fitted: FittedKind, evaluation: Evaluation, seconds: float, ru
         SELECTED_EPOCH: fitted.selected_epoch,
         "refit_on_train_val": fitted.selection_model is not None,
         "val": evaluation.val,
+        **({"past_places": evaluation.past_places} if evaluation.past_places is not None else {}),
         "target_in_history": evaluation.target_in_history,
         "train_seconds": round(seconds, 2),
         "resumed_from_epoch": int(fitted.timing.get("resumed_from_epoch", 0)),

@@ -15,7 +15,7 @@ import pandas as pd
 from nextloc.io.visits import validate_visits
 from nextloc.predict.answer import predict
 from nextloc.predict.histories import encode_visits, history_visits
-from nextloc.routine.ranking import RoutineData
+from nextloc.routine.data import RoutineData
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
 from runtime.catalog import Catalog
 from tracking import versions
@@ -63,17 +63,20 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     )
 
 
-def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[ScoreFn, np.ndarray | None]:
+def registered_scores(
+    bundle: ModelBundle, data_dir: Path, split: str
+) -> tuple[ScoreFn, np.ndarray | None, np.ndarray | None]:
     """A registered model's log-probabilities for the samples of one split of a dataset in the model's ids,
-    and (routine kinds) their explore features. A routine kind reads the dataset's staypoints: every
-    question's whole past."""
+    and (routine kinds) their explore features and windows anchored at each question's now. A routine kind
+    reads the dataset's staypoints: every question's whole past, each place's centre as of the question's
+    now (as in training's evaluation; the bundle's own centres are for answers)."""
     import torch  # torch, nextloc.models.batch, nextloc.evaluation.evaluate: evaluating, not answering
 
     from nextloc.models.batch import SampleTensors
     from nextloc.models.packed import pack_batch
 
     if bundle.routine is None:
-        return lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), None
+        return lambda batch: bundle.scorer(pack_batch(batch)).clamp(min=1e-30).log(), None, None
     catalog = Catalog(str(data_dir))
     samples = SampleTensors.from_parquet(catalog.samples(split))
     data = RoutineData.build(
@@ -82,6 +85,7 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
         {split: samples},
         bundle.routine.num_places,
         bundle.preprocess.timezone,
+        bundle.preprocess.samples.previous_days,
     )
     model = bundle.routine.model
     answers = torch.from_numpy(data.log_probabilities(model, split))
@@ -89,7 +93,7 @@ def registered_scores(bundle: ModelBundle, data_dir: Path, split: str) -> tuple[
     explore = (
         data.explore(model, split) if bundle.routine.unseen is not None else data.candidates[split].explore
     )
-    return lambda batch: answers[batch.index], explore
+    return lambda batch: answers[batch.index], explore, data.windows[split]
 
 
 MAP_USERS = 3  # test users drawn for each champion

@@ -8,6 +8,7 @@ choice (epoch, seed, the new-place head's coefficients) is made on validation; t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,6 +74,9 @@ class Evaluation:
     test_copied: np.ndarray | None = None
     # the one distribution's reliability on validation (a routine kind's: evaluate(joint=True)), else None
     val_reliability: list[dict] | None = None
+    # a routine kind's test metrics with the head reading the share of the unseen places that have at least
+    # 2 visits before now (the protocol's DBSCAN effect, docs/protocol.md), else None
+    past_places: dict[str, float] | None = None
 
     def per_sample(self) -> pd.DataFrame:
         """Test outcomes per sample (hits and gains of both families, P(new place), and ``target_is_copy``
@@ -109,9 +113,13 @@ def score_split(
     explore: np.ndarray | None = None,
     head: NewPlaceHead | None = None,
     joint: bool = True,
+    window: np.ndarray | None = None,
 ) -> SplitScores:
     """Score every sample of ``data`` in split order (under ``torch.no_grad``); ``explore`` ``(N, E)``, the
-    routine's explore features in split order, joins the new-place head's inputs.
+    routine's explore features in split order, joins the new-place head's inputs; ``window`` ``(N, T)``, the
+    places of each question's window anchored at its now (a routine kind's,
+    :func:`nextloc.routine.visits.window_places`), is what the head's window inputs read instead of the
+    sample's history.
 
     With ``head``, each sample's answer is also read as one distribution over the known places and "a new
     place" (:func:`~nextloc.routine.novelty.with_new_place`: the head's P(new place) on class 1, the model's
@@ -128,7 +136,7 @@ def score_split(
     with torch.no_grad():
         for batch in data.batches(batch_size):
             scores = by_length(score_fn, batch)  # length-sorted pieces: the same rows, little padding
-            batch_features = novelty_features(scores, batch).cpu()
+            batch_features = novelty_features(scores, _with_window(batch, window)).cpu()
             features.append(batch_features)
             if head is not None:
                 rows, target = batch.index.cpu().numpy(), batch.target.cpu().numpy()
@@ -150,6 +158,14 @@ def score_split(
     return SplitScores(accumulator, split_features, top_p, top_hit, covered, sizes)
 
 
+def _with_window(batch: Batch, window: np.ndarray | None) -> Batch:
+    """``batch`` with each sample's history places replaced by its row of ``window`` (None: as it is)."""
+    if window is None:
+        return batch
+    rows = window[batch.index.cpu().numpy()]
+    return dataclasses.replace(batch, loc=torch.from_numpy(rows).to(batch.loc.device, batch.loc.dtype))
+
+
 def evaluate(
     val_scores: ScoreFn,
     test_scores: ScoreFn,
@@ -160,6 +176,7 @@ def evaluate(
     explore: tuple[np.ndarray, np.ndarray] | None = None,
     head_val_scores: ScoreFn | None = None,
     joint: bool = False,
+    windows: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Evaluation:
     """Validation and test metrics of a trained model, with its new-place head fit on validation.
 
@@ -176,6 +193,8 @@ def evaluate(
             itself (a scorer bound to the test split); default: ``test_scores``.
         joint: score the one distribution over the known places and "a new place" (a routine kind's answer,
             :func:`score_split` with the head) rather than the model's own; the head is fit on the model's own.
+        windows: each val and test question's window anchored at its now (:func:`score_split`'s
+            ``window``; a routine kind's), else the samples' histories.
 
     Returns:
         An :class:`Evaluation`. Validation metrics carry ``new_place_rate`` but no AUC/Brier (the head is fit
@@ -186,18 +205,21 @@ def evaluate(
         calibration error of the one distribution's top answer.
     """
     val_explore, test_explore = explore if explore is not None else (None, None)
-    val_split = score_split(val_scores, val, batch_size, val_explore)
+    val_window, test_window = windows if windows is not None else (None, None)
+    val_split = score_split(val_scores, val, batch_size, val_explore, window=val_window)
     head_scores = head_val_scores or test_scores
     head_split = (
-        val_split if head_scores is val_scores else score_split(head_scores, val, batch_size, val_explore)
+        val_split
+        if head_scores is val_scores
+        else score_split(head_scores, val, batch_size, val_explore, window=val_window)
     )
     if head is None:
         width = head_split.features.shape[1]
         names = next(names for names in FEATURE_SETS if len(names) == width)
         head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
     if joint:
-        val_split = score_split(val_scores, val, batch_size, val_explore, head)
-    test_split = score_split(test_scores, test, batch_size, test_explore, head, joint)
+        val_split = score_split(val_scores, val, batch_size, val_explore, head, window=val_window)
+    test_split = score_split(test_scores, test, batch_size, test_explore, head, joint, test_window)
     p_new = head.predict(test_split.features)
     val_metrics, test_metrics = val_split.accumulator.compute(), test_split.accumulator.compute(p_new)
     test_metrics.update(test_split.answer_sets())  # what `nextloc predict --coverage` answers, measured

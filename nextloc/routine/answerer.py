@@ -13,10 +13,11 @@ import numpy as np
 import pandas as pd
 
 from nextloc.preprocessing.staypoints import to_ns
-from nextloc.routine.features import Routine, VisitLog, queries_after_last, wall_minutes
+from nextloc.routine.features import Routine
 from nextloc.routine.ranking import CandidateScorer, CandidateSet, log_probabilities
 from nextloc.routine.tally import StoredTally
 from nextloc.routine.unseen import StoredUnseen, UnseenPlaces, unseen_centres
+from nextloc.routine.visits import VisitLog, queries_after_last, wall_minutes
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,6 @@ class RoutineAnswerer:
 
     def _unseen_share(self, visits: pd.DataFrame, log: VisitLog, now: np.ndarray) -> np.ndarray:
         """``unseen_return_share`` of each question (users ascending, as ``queries_after_last``)."""
-        places = UnseenPlaces.build(log, self.centres, unseen_centres(visits), self.unseen)
+        places = UnseenPlaces.build(log, self.num_places, self.centres, unseen_centres(visits), self.unseen)
         candidates = CandidateSet.build(places.routine, queries_after_last(places.log, now))
         return places.share(candidates, self.model.scores(candidates), self.model.calibration.temperature)

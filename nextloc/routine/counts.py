@@ -72,8 +72,10 @@ class EventCounts:
         order = np.argsort(code, kind="stable")
         self.code = code[order]
         self.times = times[order]
-        weights = np.zeros(len(times)) if values is None else np.asarray(values, dtype=np.float64)[order]
-        self.cumsum = np.concatenate([[0.0], np.cumsum(weights)])
+        self.values = np.zeros(len(times)) if values is None else np.asarray(values, dtype=np.float64)[order]
+        # each key's running sum of its own events alone: a sum before a time reads nothing of later events,
+        # nor of other keys', to the last bit
+        self.running = pd.Series(self.values).groupby(self.code // self.span).cumsum().to_numpy()
         self.base = base if isinstance(base, Snapshot) else Snapshot.from_frame(base)
 
     def _bounds(
@@ -115,10 +117,16 @@ class EventCounts:
         """``(N,)`` float64: the summed values of those events (``cutoff`` as in :meth:`count`)."""
         keys = np.asarray(keys, dtype=np.int64)
         lo, hi, below = self._bounds(keys, times, cutoff)
-        out = self.cumsum[hi] - self.cumsum[lo] + self._base(keys, "total", 0.0)
+        out = self._sum(lo, hi) + self._base(keys, "total", 0.0)
         if below is not None:
-            out -= self.cumsum[below] - self.cumsum[lo]
+            out -= self._sum(lo, below)
         return out
+
+    def _sum(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The summed values of the events ``lo:hi`` of one key each (``lo`` its first)."""
+        if not len(self.running):
+            return np.zeros(len(lo))
+        return np.where(hi > lo, self.running[np.maximum(hi - 1, 0)], 0.0)
 
     def last(self, keys: np.ndarray, times: np.ndarray) -> np.ndarray:
         """``(N,)`` float64: the time of the latest of those events (NaN: none)."""
@@ -137,7 +145,7 @@ class EventCounts:
             {
                 "key": self.keys[dense],
                 "count": np.ones(len(dense)),
-                "total": np.diff(self.cumsum),
+                "total": self.values,
                 "last": self.times.astype(np.float64),
             }
         )

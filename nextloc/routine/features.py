@@ -2,9 +2,12 @@
 
 A 7-day window shows a model a week of visits; the routine is the user's whole past. For a question asked
 at time ``now`` about user ``u`` leaving place ``current``, every feature here is computed from the visits
-that **started before** ``now``: ``u``'s own, and every user's for the place-popularity features. Nothing
-that happens later can reach it (``tests/nextloc/routine/test_routine.py`` removes every later visit and checks
-that no feature changes).
+that **started before** ``now``: ``u``'s own, and every user's for the place-popularity features and for
+the places' centres (``log_km``: each place's centre is the mean of the coordinates of its visits before
+``now``, running sums like the counts). Nothing that happens later can reach it
+(``tests/nextloc/routine/test_routine.py`` removes every later visit and checks that no feature changes). A
+registered model answers with the centres it was trained with instead (``Routine(..., centres=...)``): a
+deployed answer has no future to leak.
 
 ``now`` is the moment the user leaves ``current``: in evaluation the end of the visit just before the
 target, in an answer the request's ``at`` (default: the end of its last visit). The target's own arrival
@@ -24,17 +27,14 @@ registered model carries, which a request's newer visits extend (``Routine(..., 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
-from nextloc.preprocessing.sequences import EPOCH_WEEKDAY, FIRST_PLACE, UNSEEN, wall_clock_ns
-from nextloc.preprocessing.staypoints import to_ns
+from nextloc.preprocessing.sequences import EPOCH_WEEKDAY, FIRST_PLACE, UNSEEN
 from nextloc.routine.counts import EventCounts, composite_key, first_of_pairs, rank_within
 from nextloc.routine.tally import StoredTally
+from nextloc.routine.visits import MINUTES_PER_DAY, Queries, VisitLog
 
-MINUTES_PER_DAY = 1440
 WINDOW_MIN = 7 * MINUTES_PER_DAY  # the reference's history window
 RECENT_MIN = 30 * MINUTES_PER_DAY
 SLOT_MIN = 180  # a time-of-day slot: 3 hours
@@ -113,134 +113,6 @@ INDEXES: dict[str, tuple[str, tuple[str, ...], str | None, bool]] = {
 _RADIX = {"slot": 8, "leave": 8, "hour": 24, "day": 2, "week_hour": 168}  # the place columns: num_places
 
 
-@dataclass(frozen=True)
-class VisitLog:
-    """Every visit, one row each, sorted by (user, start); times are wall-clock minutes since 1970-01-01.
-
-    Wall clock means in the dataset's timezone, the one its samples' ``start_min`` and ``weekday`` use, so
-    ``start % 1440`` is the minute of the day.
-    """
-
-    user: np.ndarray  # int64 encoded user
-    start: np.ndarray  # int64
-    end: np.ndarray  # int64
-    place: np.ndarray  # int64 encoded location (1 outside the train vocabulary, 2.. known)
-    raw_place: np.ndarray  # int64 dataset-level location id
-    staypoint: np.ndarray  # int64 staypoint id
-
-    @classmethod
-    def from_staypoints(cls, staypoints: pd.DataFrame, timezone: str = "UTC") -> VisitLog:
-        """From ``staypoints.parquet``'s columns ``id``, ``user``, ``location_id``, ``raw_location_id``,
-        ``started_at``, ``finished_at`` (tz-aware)."""
-        return cls.of(
-            staypoints["user"].to_numpy(np.int64),
-            to_ns(staypoints["started_at"]),
-            to_ns(staypoints["finished_at"]),
-            staypoints["location_id"].to_numpy(np.int64),
-            staypoints["raw_location_id"].to_numpy(np.int64),
-            staypoints["id"].to_numpy(np.int64),
-            timezone,
-        )
-
-    @classmethod
-    def of(
-        cls,
-        user: np.ndarray,
-        started_ns: np.ndarray,
-        finished_ns: np.ndarray,
-        place: np.ndarray,
-        raw_place: np.ndarray,
-        staypoint: np.ndarray,
-        timezone: str = "UTC",
-    ) -> VisitLog:
-        """From arrays in any order (times in UTC nanoseconds): sorted by (user, start, staypoint)."""
-        order = np.lexsort((staypoint, started_ns, user))
-        return cls(
-            user=np.asarray(user, dtype=np.int64)[order],
-            start=_wall_minutes_ns(np.asarray(started_ns)[order], timezone),
-            end=_wall_minutes_ns(np.asarray(finished_ns)[order], timezone),
-            place=np.asarray(place, dtype=np.int64)[order],
-            raw_place=np.asarray(raw_place, dtype=np.int64)[order],
-            staypoint=np.asarray(staypoint, dtype=np.int64)[order],
-        )
-
-    def __len__(self) -> int:
-        return len(self.user)
-
-    def take(self, rows: np.ndarray) -> VisitLog:
-        """The visits at ``rows`` (a boolean mask or sorted positions), still sorted."""
-        return VisitLog(
-            self.user[rows],
-            self.start[rows],
-            self.end[rows],
-            self.place[rows],
-            self.raw_place[rows],
-            self.staypoint[rows],
-        )
-
-
-@dataclass(frozen=True)
-class Queries:
-    """Questions "where does ``user`` go next, leaving ``current`` at ``now``?", one per sample."""
-
-    user: np.ndarray  # int64
-    now: np.ndarray  # int64 wall-clock minutes
-    current: np.ndarray  # int64 encoded place the user is leaving
-    previous: np.ndarray  # int64 encoded place before that (0: none)
-    arrived: np.ndarray  # int64 wall-clock minute the user arrived at the current place
-
-    def __len__(self) -> int:
-        return len(self.user)
-
-
-def wall_minutes(times: pd.Series, timezone: str = "UTC") -> np.ndarray:
-    """Tz-aware timestamps as wall-clock minutes since 1970-01-01 in ``timezone`` (int64, floored)."""
-    return _wall_minutes_ns(to_ns(times), timezone)
-
-
-def _wall_minutes_ns(utc_ns: np.ndarray, timezone: str) -> np.ndarray:
-    local = wall_clock_ns(utc_ns, timezone).view("datetime64[ns]")
-    return local.astype("datetime64[m]").astype(np.int64)
-
-
-def queries_for_targets(log: VisitLog, staypoint_ids: np.ndarray) -> Queries:
-    """The question each target staypoint answers: its user, leaving the visit just before it.
-
-    Raises:
-        ValueError: a staypoint id that is not in the log, or a target that is its user's first visit.
-    """
-    ids = np.asarray(staypoint_ids, dtype=np.int64)
-    order = np.argsort(log.staypoint, kind="stable")
-    pos = np.minimum(np.searchsorted(log.staypoint[order], ids), max(len(order) - 1, 0))
-    if not len(order) or not np.array_equal(log.staypoint[order][pos], ids):
-        missing = ids[~np.isin(ids, log.staypoint)]
-        raise ValueError(f"staypoint ids {missing[:5].tolist()} are not in the visit log")
-    rows = order[pos]
-    if np.any(rows == 0) or np.any(log.user[np.maximum(rows - 1, 0)] != log.user[rows]):
-        raise ValueError("a target is its user's first visit: there is no place the user is leaving")
-    # visits may overlap (a visit logged before the previous one ended): now never passes the target
-    return _leaving(log, rows - 1, np.minimum(log.end[rows - 1], log.start[rows]))
-
-
-def queries_after_last(log: VisitLog, now: np.ndarray | None = None) -> Queries:
-    """One question per user of ``log`` (ascending): leaving the user's last visit, at ``now`` (one per
-    user; default: the end of that visit)."""
-    last = np.flatnonzero(np.r_[log.user[1:] != log.user[:-1], True]) if len(log) else np.zeros(0, int)
-    return _leaving(log, last, log.end[last] if now is None else np.asarray(now, dtype=np.int64))
-
-
-def _leaving(log: VisitLog, rows: np.ndarray, now: np.ndarray) -> Queries:
-    earlier = np.maximum(rows - 1, 0)
-    came_from = (rows >= 1) & (log.user[earlier] == log.user[rows])
-    return Queries(
-        user=log.user[rows],
-        now=np.asarray(now, dtype=np.int64),
-        current=log.place[rows],
-        previous=np.where(came_from, log.place[earlier], 0),
-        arrived=log.start[rows],
-    )
-
-
 def song_explore(distinct: np.ndarray) -> np.ndarray:
     """Song et al.'s probability of exploring after ``distinct`` places: ``rho * S^-gamma``."""
     return SONG_RHO * np.maximum(np.asarray(distinct, dtype=np.float64), 1.0) ** -SONG_GAMMA
@@ -301,7 +173,9 @@ class Routine:
     Args:
         log: every visit that may be counted (any split: only those before each query's ``now`` are).
         num_places: the encoded place vocabulary's size (``total_loc_num``).
-        centres: ``(num_places, 2)`` latitude/longitude of each encoded place (NaN where unknown), or None.
+        centres: ``(num_places, 2)`` fixed latitude/longitude of each encoded place (NaN where unknown: a
+            registered model's); None: each place's centre as of each question's ``now``, from the log's
+            coordinates (NaN where the log has none).
         tally: earlier visits as counts (:meth:`tally` of a routine over them), counted as before
             every ``now``; ``log`` then holds only the visits after them.
     """
@@ -316,6 +190,12 @@ class Routine:
         self.log = log
         self.num_places = int(num_places)
         self.centres = centres
+        self.located: tuple[EventCounts, EventCounts] | None = None  # every user's coordinates per place
+        if centres is None and log.located:
+            self.located = (
+                EventCounts(log.place, log.start, log.latitude),
+                EventCounts(log.place, log.start, log.longitude),
+            )
         stored = StoredTally.from_frame(tally) if isinstance(tally, pd.DataFrame) else tally
         self.stored = stored
         self._last_cutoff: tuple[np.ndarray, np.ndarray] | None = None  # (users array, its cutoffs)
@@ -450,7 +330,7 @@ class Routine:
             ),
             "is_current": (place == cur).astype(np.float64),
             "is_previous": (place == prev).astype(np.float64),
-            "log_km": np.log1p(self._distance_km(cur, place)),
+            "log_km": np.log1p(self._distance_km(cur, place, now)),
             "share_global_transition": _share(
                 self.count("global_move", now, src=cur, p=place), self.count("global_move_out", now, src=cur)
             ),
@@ -487,10 +367,21 @@ class Routine:
         }
         return np.column_stack([columns[name] for name in EXPLORE_FEATURES])
 
-    def _distance_km(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        if self.centres is None:
-            return np.full(len(a), np.nan)
-        lat1, lon1 = np.radians(self.centres[a]).T
-        lat2, lon2 = np.radians(self.centres[b]).T
+    def centre(self, place: np.ndarray, now: np.ndarray) -> np.ndarray:
+        """``(N, 2)`` latitude/longitude of each place as of ``now``: the mean of every user's visits there
+        that started before it (NaN: none, or no coordinates), or the fixed centre given."""
+        place = np.asarray(place, dtype=np.int64)
+        if self.centres is not None:
+            return self.centres[place]
+        if self.located is None:
+            return np.full((len(place), 2), np.nan)
+        lat, lon = self.located
+        n = lat.count(place, now)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.column_stack([lat.total(place, now), lon.total(place, now)]) / n[:, None]
+
+    def _distance_km(self, a: np.ndarray, b: np.ndarray, now: np.ndarray) -> np.ndarray:
+        lat1, lon1 = np.radians(self.centre(a, now)).T
+        lat2, lon2 = np.radians(self.centre(b, now)).T
         h = np.sin((lat2 - lat1) / 2) ** 2 + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) / 2) ** 2
         return 2 * 6371.0088 * np.arcsin(np.sqrt(np.clip(h, 0, 1)))

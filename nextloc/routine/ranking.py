@@ -10,8 +10,8 @@
   questions: what a team deploys, outside the reference data budget (it trains on validation), never a
   headline; its validation place metrics are those of the ``ranker`` it was chosen with. Its calibration (and its
   new-place head) cannot be fit on validation's answers, which it has trained on: they are fit on
-  cross-fitted ones instead, each block of validation answered by trees refit without it
-  (:meth:`RoutineData.refit`).
+  cross-fitted ones instead, each block of validation answered by trees chosen and refit without it
+  (:meth:`nextloc.routine.data.RoutineData.refit`).
 
 Both answer with log-probabilities over the known places, calibrated on validation (:class:`Calibration`):
 the candidates share ``1 - fallback_mass`` by a softmax of their scores over a temperature, every other
@@ -27,27 +27,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-import pandas as pd
 
 from nextloc.preprocessing.sequences import FIRST_PLACE
-from nextloc.preprocessing.vocabulary import place_centres, place_popularity
 from nextloc.routine.calibration import Calibration
 from nextloc.routine.counts import grouped_softmax
-from nextloc.routine.features import (
-    CANDIDATE_FEATURES,
-    Queries,
-    Routine,
-    VisitLog,
-    queries_for_targets,
-)
+from nextloc.routine.features import CANDIDATE_FEATURES, Routine
 from nextloc.routine.trees import TreeEnsemble
-from nextloc.routine.unseen import UnseenPlaces, unseen_centres
-
-if TYPE_CHECKING:
-    from nextloc.models.batch import SampleTensors
+from nextloc.routine.visits import Queries
 
 FLOOR = -40.0  # log-probability of the classes 0 and 1
 RULE_FEATURES = (
@@ -79,7 +68,6 @@ RANKER_PARAMS: dict[str, Any] = {
 ROUTINE_KINDS = ("routine", "ranker", "ranker_refit")
 RANKER_MAX_TREES = 2000
 RANKER_PATIENCE = 100
-REFIT_FOLDS = 5  # ranker_refit: validation's blocks, each answered by trees refit without it
 
 
 @dataclass(frozen=True)
@@ -131,6 +119,11 @@ class CandidateSet:
             self.explore[keep],
             int(keep.sum()),
         )
+
+    def candidates_where(self, keep: np.ndarray) -> CandidateSet:
+        """The same questions with only the candidates where ``keep`` ``(R,)`` is True."""
+        keep = np.asarray(keep, dtype=bool)
+        return CandidateSet(self.query[keep], self.place[keep], self.features[keep], self.explore, self.n)
 
     def ranking_rows(self, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """LightGBM's ranking data of the questions whose target is a candidate (the others carry no
@@ -332,111 +325,6 @@ def log_probabilities(
         out[q, place] = np.log1p(-mass) + scores - top[q] - np.log(denominator[q])
     out[:, :FIRST_PLACE] = FLOOR
     return out.astype(np.float32).reshape(candidates.n, v)
-
-
-@dataclass(frozen=True)
-class RoutineData:
-    """A dataset's routine (every visit indexed once) and each split's questions with their candidates.
-
-    Args:
-        routine: the routine over every staypoint of the dataset.
-        candidates: ``split -> CandidateSet``, questions in split order.
-        targets: ``split -> (N,)`` the target place of each question.
-        popularity: ``(V,)`` each place's visits in train (the fallback weights).
-        unseen_places: the routine over extended ids (:mod:`nextloc.routine.unseen`).
-        unseen: ``split -> CandidateSet`` each question's places in that routine, known or not (every
-            split but train).
-    """
-
-    routine: Routine
-    candidates: dict[str, CandidateSet]
-    targets: dict[str, np.ndarray]
-    popularity: np.ndarray
-    unseen_places: UnseenPlaces
-    unseen: dict[str, CandidateSet]
-
-    @classmethod
-    def build(
-        cls,
-        staypoints: pd.DataFrame,
-        locations: pd.DataFrame,
-        samples: dict[str, SampleTensors],
-        num_places: int,
-        timezone: str = "UTC",
-    ) -> RoutineData:
-        """From ``staypoints.parquet``, ``vocabulary/locations.parquet`` and each split's samples (their
-        ``staypoint_id`` names the target)."""
-        log = VisitLog.from_staypoints(staypoints, timezone)
-        centres = place_centres(locations, num_places)
-        routine = Routine(log, num_places, centres)
-        places = UnseenPlaces.build(
-            log, centres, unseen_centres(staypoints, "location_id", "raw_location_id")
-        )
-        candidates, targets, unseen = {}, {}, {}
-        for split, data in samples.items():
-            ids = data.table.column("staypoint_id").to_numpy()
-            candidates[split] = CandidateSet.build(routine, queries_for_targets(log, ids))
-            if split != "train":  # the head is fit on validation and read on test: train's are never asked
-                unseen[split] = CandidateSet.build(places.routine, queries_for_targets(places.log, ids))
-            targets[split] = data.target_np
-        return cls(routine, candidates, targets, place_popularity(locations, num_places), places, unseen)
-
-    def fit(self, kind: str, seed: int = 0) -> CandidateScorer:
-        """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val),
-        then its :class:`Calibration` on val."""
-        val, val_target = self.candidates["val"], self.targets["val"]
-        model: RoutineRule | RoutineRanker
-        if kind == "routine":
-            model = RoutineRule().fit(val, val_target)
-        elif kind == "ranker":
-            model = RoutineRanker(seed).fit(self.candidates["train"], self.targets["train"], val, val_target)
-        else:
-            raise ValueError(f"cannot fit routine kind {kind!r}: 'routine' or 'ranker' (then refit())")
-        model.calibration = Calibration.fit(val, model.scores(val), val_target, self.popularity)
-        return model
-
-    def refit(self, ranker: RoutineRanker, folds: int = REFIT_FOLDS) -> tuple[RoutineRanker, np.ndarray]:
-        """``ranker`` (fit on train, chosen on val) with its trees refit on the train and val questions.
-
-        Its calibration is fit on validation's cross-fitted scores: validation's questions are cut into
-        ``folds`` blocks in split order (users whole, mostly), and each block is scored by trees refit on
-        train and the other blocks; those answers are what the new-place head is fit on too.
-
-        Returns:
-            The refit, and validation's cross-fitted scores of its candidates and of :attr:`unseen`'s.
-        """
-        train, val, unseen = self.candidates["train"], self.candidates["val"], self.unseen["val"]
-        train_target, val_target = self.targets["train"], self.targets["val"]
-        block = np.arange(val.n) * folds // max(val.n, 1)
-        scores, unseen_scores = np.zeros(len(val.query)), np.zeros(len(unseen.query))
-        for k in range(folds):
-            held = block == k
-            trees = ranker.refit(
-                train.concat(val.select(~held)), np.concatenate([train_target, val_target[~held]])
-            )
-            scores[held[val.query]] = trees.scores(val.select(held))
-            unseen_scores[held[unseen.query]] = trees.scores(unseen.select(held))
-        refit = ranker.refit(train.concat(val), np.concatenate([train_target, val_target]))
-        refit.calibration = Calibration.fit(val, scores, val_target, self.popularity)
-        return refit, (scores, unseen_scores)
-
-    def log_probabilities(
-        self, model: CandidateScorer, split: str, scores: np.ndarray | None = None
-    ) -> np.ndarray:
-        """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order (``scores``:
-        its candidates' scores, default ``model``'s)."""
-        candidates = self.candidates[split]
-        scores = model.scores(candidates) if scores is None else scores
-        return log_probabilities(candidates, scores, self.popularity, model.calibration)
-
-    def explore(self, model: CandidateScorer, split: str, scores: np.ndarray | None = None) -> np.ndarray:
-        """``(N, E + 1)``: the routine's explore features of ``split``'s questions and ``model``'s
-        ``unseen_return_share`` (``scores``: its scores of :attr:`unseen`'s candidates, default ``model``'s):
-        the new-place head's routine inputs."""
-        places = self.unseen[split]
-        scores = model.scores(places) if scores is None else scores
-        share = self.unseen_places.share(places, scores, model.calibration.temperature)
-        return np.column_stack([self.candidates[split].explore, share])
 
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:

@@ -4,8 +4,9 @@ The routine (:mod:`nextloc.routine.features`) counts every visit to a place outs
 the one place ``1``, so the ranker never scores a return to one of them; yet many "new place" targets are
 such returns (a place first visited after training and visited again). :class:`UnseenPlaces` is a second
 routine over *extended* place ids: a known place keeps its id, each place outside the vocabulary gets its own
-from ``num_places`` up (first the dataset's, then a request's), with its centre (the mean of its visits'
-coordinates), so that distances from and to it are known. The kind's model scores every place of this
+from ``num_places`` up (first the dataset's, then a request's), with its centre (the mean of the coordinates
+of its visits before now, as every place's in :mod:`nextloc.routine.features`; a registered model's fixed
+ones), so that distances from and to it are known. The kind's model scores every place of this
 routine, known or not, and :func:`unseen_share` gives the new-place head's input ``unseen_return_share``:
 the share of the calibrated softmax over every place the user visited before now that falls on the unseen
 ones. (Scored in the routine itself, where an unseen current place has a centre, a known candidate's
@@ -19,6 +20,7 @@ unseen places it holds and their centres: a request's own unseen places get the 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,8 +29,9 @@ import pandas as pd
 
 from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.routine.counts import grouped_softmax
-from nextloc.routine.features import Routine, VisitLog
+from nextloc.routine.features import Routine
 from nextloc.routine.tally import StoredTally
+from nextloc.routine.visits import VisitLog
 
 REQUEST_CAPACITY = 4096  # places outside the vocabulary one request may add to a stored tally's
 PREFIX = "unseen:"  # the tally table's indexes of this routine
@@ -72,22 +75,26 @@ class UnseenPlaces:
     def build(
         cls,
         log: VisitLog,
-        centres: np.ndarray,
+        num_places: int,
+        centres: np.ndarray | None = None,
         unseen_centres: np.ndarray | None = None,
         stored: StoredUnseen | None = None,
     ) -> UnseenPlaces:
         """Over ``log`` (encoded places, ``raw_place`` telling the unseen ones apart).
 
         Args:
-            centres: ``(num_places, 2)`` the known places' latitude/longitude.
-            unseen_centres: ``(K, 2)`` those of the log's unseen places, by ascending ``raw_place``
-                (:func:`unseen_centres`; None: unknown).
+            num_places: the encoded place vocabulary's size.
+            centres: ``(num_places, 2)`` the known places' fixed latitude/longitude (a registered model's
+                answer); None: every place's centre as of each question's now, from the log's coordinates
+                (evaluation: :class:`~nextloc.routine.features.Routine`).
+            unseen_centres: with ``centres``, ``(K, 2)`` those of the log's unseen places, by ascending
+                ``raw_place`` (:func:`unseen_centres`; None: unknown).
             stored: a stored tally of this routine, whose unseen places the log's come after.
 
         Raises:
             ValueError: a log with more unseen places than :data:`REQUEST_CAPACITY` beside a stored tally.
         """
-        num_places = len(centres)
+        num_places = int(num_places)
         unseen = log.place == UNSEEN
         raw, rank = np.unique(log.raw_place[unseen], return_inverse=True)
         if stored is not None and len(raw) > REQUEST_CAPACITY:
@@ -98,15 +105,18 @@ class UnseenPlaces:
         first = num_places + (held if stored is not None else 0)  # the log's unseen places' first id
         place = log.place.copy()
         place[unseen] = first + rank
-        extended = VisitLog(log.user, log.start, log.end, place, log.raw_place, log.staypoint)
-        all_centres = np.full((num_places + held + REQUEST_CAPACITY, 2), np.nan)
-        all_centres[:num_places] = centres
-        if stored is not None:
-            all_centres[num_places:first] = stored.centres
-        if unseen_centres is not None:
-            all_centres[first : first + len(raw)] = unseen_centres
+        extended = dataclasses.replace(log, place=place)
+        size = num_places + held + REQUEST_CAPACITY
+        all_centres = None
+        if centres is not None:
+            all_centres = np.full((size, 2), np.nan)
+            all_centres[:num_places] = centres
+            if stored is not None:
+                all_centres[num_places:first] = stored.centres
+            if unseen_centres is not None:
+                all_centres[first : first + len(raw)] = unseen_centres
         tally = stored.tally if stored is not None else None
-        return cls(Routine(extended, len(all_centres), all_centres, tally), int(num_places), int(held))
+        return cls(Routine(extended, size, all_centres, tally), num_places, int(held))
 
     def share(self, candidates: Candidates, scores: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         """``unseen_return_share`` of each question of ``candidates`` (this routine's, scored ``scores``):
@@ -121,11 +131,13 @@ class UnseenPlaces:
         return self.routine.log
 
     def tally(self) -> pd.DataFrame:
-        """This routine's tally, its indexes named ``unseen:<index>``, and the centres of its unseen places."""
+        """This routine's tally, its indexes named ``unseen:<index>``, and the centres of its unseen places
+        (of all their visits: what a registered model answers with)."""
         table = self.routine.tally()
         table["index"] = PREFIX + table["index"].astype(str)
         ids = np.arange(self.num_places, self.num_places + self.held)
-        lat, lon = self.routine.centres[ids].T
+        after_all = np.full(len(ids), int(self.log.start.max()) + 1 if len(self.log) else 0)
+        lat, lon = self.routine.centre(ids, after_all).T
         centres = pd.DataFrame({"index": PREFIX + CENTRES_INDEX, "key": ids, "count": lat, "total": lon})
         return pd.concat([table, centres.assign(last=np.nan)], ignore_index=True)
 

@@ -12,7 +12,7 @@ This module imports torch; the train task imports it only when a model trains (a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,12 @@ from nextloc.models.baselines import BaselineModule
 from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
-from nextloc.routine.ranking import RoutineData
+from nextloc.routine.data import MIN_PAST_VISITS, RoutineData
 from nextloc.routine.unseen import join_tallies
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
+
+# the metrics the head's reading changes: the DBSCAN effect's row (Scorers.past_places_explore)
+PAST_PLACES_KEYS = ("acc@1", "mrr", "new_place_auc", "new_place_brier")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class Scorers:
     head_val_scores: ScoreFn | None = None
     explore: tuple[np.ndarray, np.ndarray] | None = None
     joint: bool = False  # score one distribution over the places and "a new place" (routine kinds)
+    windows: tuple[np.ndarray, np.ndarray] | None = None  # val's and test's windows anchored at now
+    # the explore features with the share over the unseen places that have at least MIN_PAST_VISITS visits
+    # before now: evaluated beside the headline as Evaluation.past_places (docs/protocol.md)
+    past_places_explore: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,15 +91,24 @@ class FittedKind:
             val_scores=model_scores(self.selection_model or self.model),
             test_scores=model_scores(self.model),
         )
-        return evaluate(
-            val_scores=scorers.val_scores,
-            test_scores=scorers.test_scores,
-            val=splits["val"],
-            test=splits["test"],
-            head_val_scores=scorers.head_val_scores,
-            explore=scorers.explore,
-            joint=scorers.joint,
-        )
+
+        def with_explore(explore: tuple[np.ndarray, np.ndarray] | None) -> Evaluation:
+            return evaluate(
+                val_scores=scorers.val_scores,
+                test_scores=scorers.test_scores,
+                val=splits["val"],
+                test=splits["test"],
+                head_val_scores=scorers.head_val_scores,
+                explore=explore,
+                joint=scorers.joint,
+                windows=scorers.windows,
+            )
+
+        evaluation = with_explore(scorers.explore)
+        if scorers.past_places_explore is None:
+            return evaluation
+        past = with_explore(scorers.past_places_explore).test
+        return replace(evaluation, past_places={k: past[k] for k in PAST_PLACES_KEYS if k in past})
 
 
 def training_device(device: str, threads: int | None) -> torch.device:
@@ -202,21 +218,26 @@ def _train_neural(
 
 def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: Path) -> FittedKind:
     """Fit a routine kind (:mod:`nextloc.routine.ranking`) on the dataset's staypoints and each split's questions."""
+    config = PreprocessConfig.model_validate(meta["config"])
     data = RoutineData.build(
         pd.read_parquet(staypoints),
         pd.read_parquet(locations),
         splits,
         vocab["total_loc_num"],
-        PreprocessConfig.model_validate(meta["config"]).timezone,
+        config.timezone,
+        config.samples.previous_days,
     )
     selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
     val_answers = data.log_probabilities(selection, "val")
+    head_val, val_unseen = val_answers, None
+    model = selection
     if kind == "ranker_refit":  # its head reads validation's cross-fitted answers (RoutineData.refit)
-        model, cross_fit = data.refit(selection)
-        head_val = data.log_probabilities(model, "val", cross_fit[0])
-        val_explore = data.explore(model, "val", cross_fit[1])
-    else:
-        model, head_val, val_explore = selection, val_answers, data.explore(selection, "val")
+        model, (val_scores_x, val_unseen) = data.refit(selection)
+        head_val = data.log_probabilities(model, "val", val_scores_x)
+
+    def explore(min_past_visits: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        val = data.explore(model, "val", val_unseen, min_past_visits)
+        return val, data.explore(model, "test", min_past_visits=min_past_visits)
 
     def rows_of(answers: np.ndarray):
         answers_t = torch.from_numpy(answers)
@@ -232,8 +253,10 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         val_scores=val_scores,
         test_scores=test_scores,
         head_val_scores=rows_of(head_val),
-        explore=(val_explore, data.explore(model, "test")),
+        explore=explore(),
         joint=True,
+        windows=(data.windows["val"], data.windows["test"]),
+        past_places_explore=explore(MIN_PAST_VISITS),
     )
     return FittedKind(
         model=model,

@@ -297,3 +297,22 @@ class TestChampionRule:
         }
         assert out["promoted"]
         assert out["test"].startswith("paired bootstrap over 200 test samples")
+
+
+def test_the_head_reads_a_given_window_instead_of_the_samples_history(make_samples):
+    """A routine kind's head reads each question's window anchored at its now: the features of a split
+    scored with ``window`` are those of the same samples whose histories are that window."""
+    window_rows = [[1, 1, 4, 2], [6], [3, 3, 3]]
+    windowed = make_samples(users=[1, 2, 3], histories=window_rows, targets=[2, 1, 3])
+    reference = make_samples(users=[1, 2, 3], histories=[[2], [5, 6, 5], [1, 3]], targets=[2, 1, 3])
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
+
+    def scores(batch: Batch) -> torch.Tensor:
+        return logits[batch.index]
+
+    window = np.zeros((3, 4), dtype=np.int64)
+    for i, row in enumerate(window_rows):
+        window[i, : len(row)] = row
+    got = score_split(scores, reference, batch_size=2, window=window).features
+    np.testing.assert_array_equal(got, score_split(scores, windowed, batch_size=2).features)
+    assert not np.array_equal(got, score_split(scores, reference, batch_size=2).features)

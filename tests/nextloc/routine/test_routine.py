@@ -13,30 +13,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nextloc.routine.counts import EventCounts
-from nextloc.routine.features import (
-    CANDIDATE_FEATURES,
-    EXPLORE_FEATURES,
+from nextloc.routine.features import CANDIDATE_FEATURES, EXPLORE_FEATURES, SLOT_MIN, Routine, song_explore
+from nextloc.routine.visits import (
     MINUTES_PER_DAY,
-    SLOT_MIN,
     Queries,
-    Routine,
     VisitLog,
     queries_after_last,
     queries_for_targets,
-    song_explore,
     wall_minutes,
+    window_places,
 )
 
 NUM_PLACES = 8  # 0 pad, 1 outside the vocabulary, 2..7 known
 
 
-def make_log(rows: list[tuple[int, int, int, int]]) -> VisitLog:
+def make_log(rows: list[tuple[int, int, int, int]], located: bool = False) -> VisitLog:
     """``(user, start, duration, place)`` rows -> a log sorted by (user, start); raw place = place, except
-    that each visit outside the vocabulary is a place of its own."""
+    that each visit outside the vocabulary is a place of its own. ``located``: each visit with coordinates
+    of its own, jittered around its place's."""
     frame = pd.DataFrame(rows, columns=["user", "start", "duration", "place"])
     frame = frame.sort_values(["user", "start"], kind="stable").reset_index(drop=True)
     frame = frame[~frame.duplicated(["user", "start"])].reset_index(drop=True)
     raw = np.where(frame["place"] == 1, 1000 + np.arange(len(frame)), frame["place"])
+    jitter = np.random.default_rng(len(frame)).normal(0.0, 3e-3, (2, len(frame)))
     return VisitLog(
         user=frame["user"].to_numpy(np.int64),
         start=frame["start"].to_numpy(np.int64),
@@ -44,6 +43,8 @@ def make_log(rows: list[tuple[int, int, int, int]]) -> VisitLog:
         place=frame["place"].to_numpy(np.int64),
         raw_place=raw.astype(np.int64),
         staypoint=np.arange(len(frame), dtype=np.int64),
+        latitude=39.9 + frame["place"].to_numpy() / 100 + jitter[0] if located else None,
+        longitude=116.3 + frame["place"].to_numpy() / 100 + jitter[1] if located else None,
     )
 
 
@@ -173,8 +174,9 @@ def test_candidate_features_equal_loops(rows) -> None:
 @given(rows=visit_rows)
 def test_no_feature_reads_the_target_or_anything_after_it(rows) -> None:
     """The leakage property: removing every visit that started at or after a question's target time (its
-    own user's and everyone else's) changes none of that question's features."""
-    log = make_log(rows)
+    own user's and everyone else's) changes none of that question's features, to the last bit; every visit
+    has coordinates of its own, so ``log_km`` reads centres computed from the log."""
+    log = make_log(rows, located=True)
     targets = targets_of(log)
     if not len(targets):
         return
@@ -189,8 +191,35 @@ def test_no_feature_reads_the_target_or_anything_after_it(rows) -> None:
         routine_past = Routine(past, NUM_PLACES)
         q2, place2, features2 = routine_past.candidate_features(alone)
         np.testing.assert_array_equal(place2, place[q == i])
-        np.testing.assert_allclose(features2, features[q == i], equal_nan=True)
-        np.testing.assert_allclose(routine_past.explore_features(alone), explore[[i]], equal_nan=True)
+        np.testing.assert_array_equal(features2, features[q == i])
+        np.testing.assert_array_equal(routine_past.explore_features(alone), explore[[i]])
+        assert np.isfinite(features2[:, CANDIDATE_FEATURES.index("log_km")]).all()
+        window, whole_window = window_places(past, alone)[0], window_places(log, queries)[i]
+        np.testing.assert_array_equal(window[window > 0], whole_window[whole_window > 0])
+
+
+def test_a_routine_given_centres_reads_them_and_one_without_reads_the_log() -> None:
+    """A registered model's routine answers with the centres it is given; without them, a place's centre
+    is the mean of every user's visits there before now (NaN before its first)."""
+    log = make_log(
+        [(1, 0, 60, 2), (1, 100, 60, 3), (2, 150, 60, 3), (1, 300, 60, 2), (1, 400, 60, 3)], located=True
+    )
+    routine = Routine(log, NUM_PLACES)
+    now = np.array([50, 200, 350, 500])
+    expected = [
+        [
+            log.latitude[(log.place == 3) & (log.start < t)].mean(),
+            log.longitude[(log.place == 3) & (log.start < t)].mean(),
+        ]
+        if t > 100
+        else [np.nan, np.nan]
+        for t in now
+    ]
+    np.testing.assert_allclose(routine.centre(np.full(4, 3), now), expected, rtol=1e-14)
+    fixed = np.arange(NUM_PLACES * 2, dtype=np.float64).reshape(NUM_PLACES, 2)
+    np.testing.assert_array_equal(
+        Routine(log, NUM_PLACES, fixed).centre(np.full(4, 3), now), np.tile(fixed[3], (4, 1))
+    )
 
 
 def test_a_question_leaves_the_visit_before_the_target() -> None:

@@ -12,14 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nextloc.routine.answerer import RoutineAnswerer
-from nextloc.routine.features import (
-    EXPLORE_FEATURES,
-    MINUTES_PER_DAY,
-    Routine,
-    VisitLog,
-    queries_after_last,
-    queries_for_targets,
-)
+from nextloc.routine.features import EXPLORE_FEATURES, Routine
 from nextloc.routine.ranking import CandidateSet, RoutineRule
 from nextloc.routine.tally import StoredTally
 from nextloc.routine.unseen import (
@@ -30,19 +23,24 @@ from nextloc.routine.unseen import (
     unseen_centres,
     unseen_share,
 )
+from nextloc.routine.visits import MINUTES_PER_DAY, VisitLog, queries_after_last, queries_for_targets
 
 NUM_PLACES = 8  # 0 pad, 1 outside the vocabulary, 2..7 known
 CENTRES = np.column_stack([np.linspace(39.9, 40.0, NUM_PLACES), np.linspace(116.3, 116.4, NUM_PLACES)])
 
 
-def make_log(rows: list[tuple[int, int, int]], user: int = 1, first_raw: int = 100) -> VisitLog:
+def make_log(
+    rows: list[tuple[int, int, int]], user: int = 1, first_raw: int = 100, located: bool = False
+) -> VisitLog:
     """``(start, place, raw)`` rows of one user (an hour each): ``raw`` tells places outside the vocabulary
-    (``place`` 1) apart (``first_raw + raw``), a known place's raw id is its own."""
+    (``place`` 1) apart (``first_raw + raw``), a known place's raw id is its own. ``located``: each visit
+    with coordinates of its own, jittered around its place's."""
     frame = (
         pd.DataFrame(rows, columns=["start", "place", "raw"]).drop_duplicates("start").sort_values("start")
     )
     place = frame["place"].to_numpy(np.int64)
     raw = np.where(place == 1, first_raw + frame["raw"].to_numpy(np.int64), place)
+    jitter = np.random.default_rng(len(frame)).normal(0.0, 3e-3, (2, len(frame)))
     return VisitLog(
         user=np.full(len(frame), user, dtype=np.int64),
         start=frame["start"].to_numpy(np.int64),
@@ -50,6 +48,8 @@ def make_log(rows: list[tuple[int, int, int]], user: int = 1, first_raw: int = 1
         place=place,
         raw_place=raw,
         staypoint=np.arange(len(frame), dtype=np.int64),
+        latitude=40.0 + raw / 1e3 + jitter[0] if located else None,
+        longitude=116.0 + raw / 1e3 + jitter[1] if located else None,
     )
 
 
@@ -69,6 +69,13 @@ def shares(places: UnseenPlaces, queries) -> np.ndarray:
     return places.share(candidates, rule.scores(candidates))
 
 
+def distance_shares(places: UnseenPlaces, queries) -> np.ndarray:
+    """The share of a scorer that reads ``log_km`` (the rule minus the distance from the current place)."""
+    candidates = CandidateSet.build(places.routine, queries)
+    rule = RoutineRule({"n_window": 1.0, "share_place": 1.0, "is_current": 1.0})
+    return places.share(candidates, rule.scores(candidates) - 5.0 * candidates.column("log_km"))
+
+
 def test_the_share_is_the_softmax_mass_of_the_unseen_candidates() -> None:
     query, scores = np.array([0, 0, 0, 1, 2]), np.array([1.0, 0.0, 1.0, 2.0, -3.0])
     share = unseen_share(query, scores, np.array([False, False, True, False, True]), 4, temperature=2.0)
@@ -80,7 +87,7 @@ def test_the_share_is_the_softmax_mass_of_the_unseen_candidates() -> None:
 def test_each_unseen_place_is_a_candidate_of_its_own_with_its_centre() -> None:
     # home, new place A, home, new place B, new place A, home: A twice, B once, both after the vocabulary
     log = make_log([(0, 2, 0), (100, 1, 0), (200, 2, 0), (300, 1, 1), (400, 1, 0), (500, 2, 0)])
-    places = UnseenPlaces.build(log, CENTRES, centres_of(log))
+    places = UnseenPlaces.build(log, NUM_PLACES, CENTRES, centres_of(log))
     assert places.held == 2
     assert places.log.place.tolist() == [2, NUM_PLACES, 2, NUM_PLACES + 1, NUM_PLACES, 2]
     candidates = CandidateSet.build(places.routine, queries_after_last(places.log))
@@ -101,19 +108,40 @@ unseen_rows = st.lists(
 )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(rows=unseen_rows)
-def test_no_share_reads_a_visit_after_its_question(rows) -> None:
-    """Each question's share is the same when every visit after its target is removed."""
-    log = make_log(rows)
+def test_no_share_reads_the_target_or_a_visit_after_it(rows) -> None:
+    """Each question's share is the same when its target and every visit after it are removed: every
+    visit has coordinates of its own, each place's centre (known or not) comes from the log, and the
+    scorer reads ``log_km``."""
+    log = make_log(rows, located=True)
     targets = log.staypoint[1:]
-    places = UnseenPlaces.build(log, CENTRES, centres_of(log))
-    whole = shares(places, queries_for_targets(places.log, targets))
-    for i, target in enumerate(targets):
-        past = log.take(np.arange(len(log)) <= i + 1)
-        past_places = UnseenPlaces.build(past, CENTRES, centres_of(past))
-        alone = shares(past_places, queries_for_targets(past_places.log, np.array([target])))
-        np.testing.assert_allclose(alone, whole[i : i + 1])
+    places = UnseenPlaces.build(log, NUM_PLACES)
+    queries = queries_for_targets(places.log, targets)
+    whole = distance_shares(places, queries)
+    assert np.isfinite(CandidateSet.build(places.routine, queries).column("log_km")).all()
+    for i in range(len(targets)):  # target i is visit i + 1: the visits up to i are kept
+        past = log.take(np.arange(len(log)) <= i)
+        past_places = UnseenPlaces.build(past, NUM_PLACES)
+        alone = distance_shares(past_places, queries_after_last(past_places.log, queries.now[[i]]))
+        np.testing.assert_allclose(alone, whole[i : i + 1], rtol=1e-12, atol=0)
+
+
+def test_a_registered_model_keeps_the_centres_of_all_its_visits() -> None:
+    """The tally holds each unseen place's centre over all the visits it was built on (what an answer
+    reads: a deployed answer has no future), the mean of their coordinates."""
+    log = make_log([(0, 2, 0), (100, 1, 0), (200, 2, 0), (300, 1, 1), (400, 1, 0)], located=True)
+    _, stored = split_tally(
+        join_tallies(Routine(log, NUM_PLACES).tally(), UnseenPlaces.build(log, NUM_PLACES).tally())
+    )
+    unseen = log.place == 1
+    expected = (
+        pd.DataFrame({"raw": log.raw_place, "lat": log.latitude, "lon": log.longitude})[unseen]
+        .groupby("raw")
+        .mean()
+        .to_numpy()
+    )
+    np.testing.assert_allclose(stored.centres, expected, rtol=1e-14)
 
 
 @settings(max_examples=60, deadline=None)
@@ -125,13 +153,13 @@ def test_a_profile_and_a_request_share_like_the_whole_log(past, later) -> None:
     cut = 38 * MINUTES_PER_DAY
     before = make_log(past)
     after = make_log([(cut + s, p, r) for s, p, r in later], first_raw=200)
-    fields = VisitLog.__dataclass_fields__
-    whole_log = VisitLog(*(np.concatenate([getattr(before, f), getattr(after, f)]) for f in fields))
-    stored_places = UnseenPlaces.build(before, CENTRES, centres_of(before))
+    fields = [f for f in VisitLog.__dataclass_fields__ if getattr(before, f) is not None]
+    whole_log = VisitLog(**{f: np.concatenate([getattr(before, f), getattr(after, f)]) for f in fields})
+    stored_places = UnseenPlaces.build(before, NUM_PLACES, CENTRES, centres_of(before))
     _, stored = split_tally(join_tallies(Routine(before, NUM_PLACES).tally(), stored_places.tally()))
     now = np.array([int(whole_log.end.max()) + 60])
-    served_places = UnseenPlaces.build(after, CENTRES, centres_of(after), stored=stored)
-    whole_places = UnseenPlaces.build(whole_log, CENTRES, centres_of(whole_log))
+    served_places = UnseenPlaces.build(after, NUM_PLACES, CENTRES, centres_of(after), stored=stored)
+    whole_places = UnseenPlaces.build(whole_log, NUM_PLACES, CENTRES, centres_of(whole_log))
     served = shares(served_places, queries_after_last(served_places.log, now))
     whole = shares(whole_places, queries_after_last(whole_places.log, now))
     np.testing.assert_allclose(served, whole)
@@ -140,7 +168,7 @@ def test_a_profile_and_a_request_share_like_the_whole_log(past, later) -> None:
 def test_a_profile_keeps_its_unseen_places_and_centres_apart_and_an_old_one_has_none() -> None:
     log = make_log([(0, 2, 0), (100, 1, 0), (200, 1, 1)])
     routine_table = Routine(log, NUM_PLACES).tally()
-    places = UnseenPlaces.build(log, CENTRES, centres_of(log))
+    places = UnseenPlaces.build(log, NUM_PLACES, CENTRES, centres_of(log))
     tally, stored = split_tally(join_tallies(routine_table, places.tally()))
     pd.testing.assert_frame_equal(tally, routine_table)
     assert stored is not None
@@ -153,16 +181,16 @@ def test_a_profile_keeps_its_unseen_places_and_centres_apart_and_an_old_one_has_
 
 def test_a_request_with_too_many_unseen_places_is_refused() -> None:
     log = make_log([(i * 100, 1, i) for i in range(REQUEST_CAPACITY + 1)])
-    _, stored = split_tally(UnseenPlaces.build(log, CENTRES).tally())
+    _, stored = split_tally(UnseenPlaces.build(log, NUM_PLACES, CENTRES).tally())
     with pytest.raises(ValueError, match="outside the vocabulary in one request"):
-        UnseenPlaces.build(log, CENTRES, stored=stored)
+        UnseenPlaces.build(log, NUM_PLACES, CENTRES, stored=stored)
 
 
 def test_an_answer_reads_the_share_only_with_the_unseen_places_tally() -> None:
     """A registered model answers with ``unseen_return_share`` after its explore features when its tally
     holds the unseen places' routine; one registered before it answers with the explore features alone."""
     past = make_log([(0, 2, 0), (100, 1, 0), (200, 2, 0), (300, 1, 0)])
-    past_places = UnseenPlaces.build(past, CENTRES, centres_of(past))
+    past_places = UnseenPlaces.build(past, NUM_PLACES, CENTRES, centres_of(past))
     tally, unseen = split_tally(join_tallies(Routine(past, NUM_PLACES).tally(), past_places.tally()))
     start = pd.to_datetime(40 * MINUTES_PER_DAY + np.array([0, 100]), unit="m", utc=True)
     visits = pd.DataFrame(
