@@ -31,7 +31,7 @@ from nextloc.models import build_model
 from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.routine.counts import grouped_softmax
-from nextloc.routine.data import RoutineData
+from nextloc.routine.data import RoutineData, read_located
 from nextloc.routine.ranking import CandidateSet, RoutineRanker, candidate_mrr
 from nextloc.training.train import fit_model
 
@@ -123,6 +123,8 @@ def routine_data(data_dir: Path) -> tuple[dict, dict[str, SampleTensors], Routin
         splits,
         meta["total_loc_num"],
         PreprocessConfig.model_validate(meta["config"]).timezone,
+        PreprocessConfig.model_validate(meta["config"]).samples.previous_days,
+        read_located(data_dir / "03_locations" / "staypoints_located.parquet"),
     )
     return meta, splits, data
 

@@ -133,6 +133,7 @@ def train_model_task(
             checkpoint_dir=run_dir / "checkpoints",
             staypoints=catalog.staypoints,
             locations=catalog.vocabulary("locations"),
+            located=catalog.located,
         )
         mlflow_runs.log_training(
             {"model": kind, "seed": seed, "device": str(dev), **fitted.params}, fitted.history

@@ -64,13 +64,16 @@ def causal_mismatches(
     num_places: int,
     timezone: str,
     picks: list[tuple[str, int]],
+    located: pd.DataFrame | None = None,
 ) -> list[str]:
-    """The inputs of the picked questions (``(split, row)``) that differ between the two builds."""
+    """The inputs of the picked questions (``(split, row)``) that differ between the two builds (with
+    ``located``, the located staypoints give the centres: those that started before now in the second)."""
     splits = {
         s: one_split(t.column("staypoint_id"), t.column("target_loc").to_numpy()) for s, t in samples.items()
     }
-    whole = RoutineData.build(staypoints, locations, splits, num_places, timezone)
+    whole = RoutineData.build(staypoints, locations, splits, num_places, timezone, located=located)
     started = wall_minutes(staypoints["started_at"], timezone)
+    located_started = None if located is None else wall_minutes(located["started_at"], timezone)
     wrong = []
     for split, i in picks:
         target = int(samples[split].column("staypoint_id")[i].as_py())
@@ -82,7 +85,8 @@ def causal_mismatches(
         past.loc[poisoned, "raw_location_id"] = int(staypoints["raw_location_id"].max()) + 1
         past.loc[poisoned, "finished_at"] += pd.Timedelta(days=1)
         alone = {split: one_split([target], samples[split].column("target_loc").to_numpy()[[i]])}
-        part = RoutineData.build(past, locations, alone, num_places, timezone)
+        located_past = None if located is None else located[located_started < now]
+        part = RoutineData.build(past, locations, alone, num_places, timezone, located=located_past)
         expected, got = question_inputs(whole, split, i), question_inputs(part, split, 0)
         for name, value in expected.items():
             floats = np.asarray(value).dtype.kind == "f"

@@ -124,6 +124,7 @@ def test_the_routine_reads_nothing_after_a_questions_now(full_run):
     from causal_build import causal_mismatches
 
     from nextloc.config import PreprocessConfig
+    from nextloc.routine.data import read_located
 
     _, data_dir, _ = full_run
     meta = json.loads((data_dir / "metadata.json").read_text())
@@ -136,5 +137,6 @@ def test_the_routine_reads_nothing_after_a_questions_now(full_run):
         meta["total_loc_num"],
         PreprocessConfig.model_validate(meta["config"]).timezone,
         picks,
+        read_located(data_dir / "03_locations" / "staypoints_located.parquet"),
     )
     assert wrong == []

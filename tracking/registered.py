@@ -15,7 +15,7 @@ import pandas as pd
 from nextloc.io.visits import validate_visits
 from nextloc.predict.answer import predict
 from nextloc.predict.histories import encode_visits, history_visits
-from nextloc.routine.data import RoutineData
+from nextloc.routine.data import RoutineData, read_located
 from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
 from runtime.catalog import Catalog
 from tracking import versions
@@ -86,6 +86,7 @@ def registered_scores(
         bundle.routine.num_places,
         bundle.preprocess.timezone,
         bundle.preprocess.samples.previous_days,
+        read_located(catalog.located),
     )
     model = bundle.routine.model
     answers = torch.from_numpy(data.log_probabilities(model, split))
@@ -132,6 +133,7 @@ def champion_maps(
         pd.read_parquet(catalog.vocabulary("locations")),
         MAP_USERS,
         bundle.preprocess.samples.previous_days,
+        read_located(catalog.located),
     )
     logged = []
     tiles = "env"  # after a map that got no basemap (offline: one warning), the others do not ask again

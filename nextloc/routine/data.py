@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from nextloc.preprocessing.sequences import UNSEEN
+from nextloc.preprocessing.staypoints import to_ns
 from nextloc.preprocessing.vocabulary import place_popularity
 from nextloc.routine.calibration import Calibration
 from nextloc.routine.features import Routine
@@ -84,12 +87,19 @@ class RoutineData:
         num_places: int,
         timezone: str = "UTC",
         previous_days: int = 7,
+        located: pd.DataFrame | None = None,
     ) -> RoutineData:
         """From ``staypoints.parquet`` (with its coordinates), ``vocabulary/locations.parquet`` (the places'
-        train visits) and each split's samples (their ``staypoint_id`` names the target)."""
+        train visits) and each split's samples (their ``staypoint_id`` names the target).
+
+        ``located``: the dataset's located staypoints (``03_locations/staypoints_located.parquet``: raw
+        ``location_id``, ``started_at``, ``latitude``, ``longitude``), every user's before merging, whose
+        coordinates give the places' centres as of now, as the vocabulary's centres come from all of them
+        (None: the final staypoints' coordinates)."""
         log = VisitLog.from_staypoints(staypoints, timezone)
-        routine = Routine(log, num_places)
-        places = UnseenPlaces.build(log, num_places)
+        centre_log = None if located is None else located_log(located, locations, timezone)
+        routine = Routine(log, num_places, centre_log=centre_log)
+        places = UnseenPlaces.build(log, num_places, centre_log=centre_log)
         candidates, targets, unseen, queries, windows = {}, {}, {}, {}, {}
         for split, data in samples.items():
             ids = data.table.column("staypoint_id").to_numpy()
@@ -181,6 +191,31 @@ class RoutineData:
             places, scores = places.candidates_where(keep), scores[keep]
         share = self.unseen_places.share(places, scores, model.calibration.temperature)
         return np.column_stack([self.candidates[split].explore, share])
+
+
+LOCATED_COLUMNS = ["location_id", "started_at", "latitude", "longitude"]
+
+
+def read_located(path: Path | None) -> pd.DataFrame | None:
+    """The columns :meth:`RoutineData.build` reads of a located staypoints file (None: no path, or a data
+    directory without the file: the final staypoints' coordinates then give the centres)."""
+    if path is None or not Path(path).is_file():
+        return None
+    return pd.read_parquet(path, columns=LOCATED_COLUMNS)
+
+
+def located_log(located: pd.DataFrame, locations: pd.DataFrame, timezone: str = "UTC") -> VisitLog:
+    """The located staypoints as a visit log of their coordinates: each at its encoded place (the
+    vocabulary's ``loc_index`` of its raw ``location_id``, else ``UNSEEN`` with the raw id kept), no user."""
+    raw = located["location_id"].to_numpy(np.int64)
+    index = pd.Series(
+        locations["loc_index"].to_numpy(np.int64), index=locations["raw_location_id"].to_numpy()
+    )
+    place = pd.Series(raw).map(index).fillna(UNSEEN).to_numpy(np.int64)
+    started = to_ns(located["started_at"])
+    zeros = np.zeros(len(raw), dtype=np.int64)
+    coordinates = located[["latitude", "longitude"]].to_numpy(np.float64)
+    return VisitLog.of(zeros, started, started, place, raw, np.arange(len(raw)), timezone, coordinates)
 
 
 def user_time_blocks(queries: Queries, folds: int) -> np.ndarray:

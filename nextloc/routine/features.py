@@ -178,6 +178,8 @@ class Routine:
             coordinates (NaN where the log has none).
         tally: earlier visits as counts (:meth:`tally` of a routine over them), counted as before
             every ``now``; ``log`` then holds only the visits after them.
+        centre_log: the visits whose coordinates give the centres as of ``now`` (same place ids; default
+            ``log``): a dataset's located staypoints, every user's before merging.
     """
 
     def __init__(
@@ -186,15 +188,17 @@ class Routine:
         num_places: int,
         centres: np.ndarray | None = None,
         tally: pd.DataFrame | StoredTally | None = None,
+        centre_log: VisitLog | None = None,
     ) -> None:
         self.log = log
         self.num_places = int(num_places)
         self.centres = centres
         self.located: tuple[EventCounts, EventCounts] | None = None  # every user's coordinates per place
-        if centres is None and log.located:
+        source = log if centre_log is None else centre_log
+        if centres is None and source.located:
             self.located = (
-                EventCounts(log.place, log.start, log.latitude),
-                EventCounts(log.place, log.start, log.longitude),
+                EventCounts(source.place, source.start, source.latitude),
+                EventCounts(source.place, source.start, source.longitude),
             )
         stored = StoredTally.from_frame(tally) if isinstance(tally, pd.DataFrame) else tally
         self.stored = stored

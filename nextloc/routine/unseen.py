@@ -79,6 +79,7 @@ class UnseenPlaces:
         centres: np.ndarray | None = None,
         unseen_centres: np.ndarray | None = None,
         stored: StoredUnseen | None = None,
+        centre_log: VisitLog | None = None,
     ) -> UnseenPlaces:
         """Over ``log`` (encoded places, ``raw_place`` telling the unseen ones apart).
 
@@ -90,6 +91,9 @@ class UnseenPlaces:
             unseen_centres: with ``centres``, ``(K, 2)`` those of the log's unseen places, by ascending
                 ``raw_place`` (:func:`unseen_centres`; None: unknown).
             stored: a stored tally of this routine, whose unseen places the log's come after.
+            centre_log: without ``centres``, the visits whose coordinates give every place's centre as of
+                now (encoded places, ``raw_place`` as the log's; default: the log): its unseen places take
+                the log's extended ids, and one the log never visits is left out.
 
         Raises:
             ValueError: a log with more unseen places than :data:`REQUEST_CAPACITY` beside a stored tally.
@@ -116,7 +120,8 @@ class UnseenPlaces:
             if unseen_centres is not None:
                 all_centres[first : first + len(raw)] = unseen_centres
         tally = stored.tally if stored is not None else None
-        return cls(Routine(extended, size, all_centres, tally), num_places, int(held))
+        by_centre = None if centre_log is None else _extended(centre_log, raw, first)
+        return cls(Routine(extended, size, all_centres, tally, by_centre), num_places, int(held))
 
     def share(self, candidates: Candidates, scores: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         """``unseen_return_share`` of each question of ``candidates`` (this routine's, scored ``scores``):
@@ -153,6 +158,17 @@ def unseen_centres(
     unseen = visits[visits[place].to_numpy() == UNSEEN]
     coordinates = unseen[["latitude", "longitude"]].astype(np.float64)
     return coordinates.groupby(unseen[raw_place].to_numpy(), sort=True).mean().to_numpy()
+
+
+def _extended(log: VisitLog, raw: np.ndarray, first: int) -> VisitLog:
+    """``log`` with each unseen place at its extended id (``first`` + its rank in ``raw``, the ascending raw
+    ids of the unseen places that have one); the unseen visits of any other place left out."""
+    unseen = log.place == UNSEEN
+    rank = np.searchsorted(raw, log.raw_place)
+    found = rank < len(raw)
+    found[found] = raw[rank[found]] == log.raw_place[found]
+    place = np.where(unseen, first + rank, log.place)
+    return dataclasses.replace(log, place=place).take(~unseen | found)
 
 
 def join_tallies(routine: pd.DataFrame, unseen: pd.DataFrame) -> pd.DataFrame:

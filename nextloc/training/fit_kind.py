@@ -27,7 +27,7 @@ from nextloc.models.baselines import BaselineModule
 from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
-from nextloc.routine.data import MIN_PAST_VISITS, RoutineData
+from nextloc.routine.data import MIN_PAST_VISITS, RoutineData, read_located
 from nextloc.routine.unseen import join_tallies
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
@@ -136,6 +136,7 @@ def fit_kind(
     checkpoint_dir: Path,
     staypoints: Path,
     locations: Path,
+    located: Path | None = None,
 ) -> FittedKind:
     """Fit ``kind`` with ``seed`` on ``splits`` (a dataset's ``metadata.json`` is ``meta``).
 
@@ -146,13 +147,15 @@ def fit_kind(
         checkpoint_dir: a network's resume state, read and written while it trains.
         staypoints: the dataset's final staypoints (a routine kind reads them).
         locations: the dataset's location vocabulary (a routine kind reads it).
+        located: the dataset's located staypoints (a routine kind's centres as of now; None or a missing
+            file: the final staypoints' coordinates).
     """
     entry, vocab = registry.kind(kind), {k: meta[k] for k in ("total_loc_num", "total_user_num")}
     if entry.is_neural:
         overrides = (model_overrides, train_overrides)
         return _train_neural(kind, seed, splits, vocab, meta, *overrides, device, checkpoint_dir)
     if entry.family == "routine":
-        return _fit_routine(kind, seed, splits, vocab, meta, staypoints, locations)
+        return _fit_routine(kind, seed, splits, vocab, meta, (staypoints, locations, located))
     return _fit_baseline(kind, splits, vocab)
 
 
@@ -216,9 +219,11 @@ def _train_neural(
     )
 
 
-def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: Path) -> FittedKind:
-    """Fit a routine kind (:mod:`nextloc.routine.ranking`) on the dataset's staypoints and each split's questions."""
+def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path | None]) -> FittedKind:
+    """Fit a routine kind (:mod:`nextloc.routine.ranking`) on the dataset's staypoints and each split's
+    questions (``files``: the final staypoints, the location vocabulary, the located staypoints)."""
     config = PreprocessConfig.model_validate(meta["config"])
+    staypoints, locations, located = files
     data = RoutineData.build(
         pd.read_parquet(staypoints),
         pd.read_parquet(locations),
@@ -226,6 +231,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, staypoints: Path, locations: P
         vocab["total_loc_num"],
         config.timezone,
         config.samples.previous_days,
+        read_located(located),
     )
     selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
     val_answers = data.log_probabilities(selection, "val")

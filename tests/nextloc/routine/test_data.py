@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nextloc.routine.data import RoutineData, neighbours, user_time_blocks
 from nextloc.routine.ranking import CandidateSet, RoutineRanker
-from nextloc.routine.visits import MINUTES_PER_DAY, Queries, VisitLog, window_places
+from nextloc.routine.visits import MINUTES_PER_DAY, Queries, VisitLog, wall_minutes, window_places
 
 TIMEZONE = "Asia/Shanghai"
 
@@ -51,7 +51,7 @@ def synthetic_dataset(seed: int = 0, users: int = 3, visits: int = 150):
     known = np.isin(sp["raw_location_id"], vocab)
     sp["location_id"] = np.where(known, np.searchsorted(vocab, sp["raw_location_id"]) + 2, 1)
     train_visits = sp[sp["split"] == "train"].groupby("location_id").size()
-    locations = pd.DataFrame({"loc_index": np.arange(2, len(vocab) + 2)})
+    locations = pd.DataFrame({"loc_index": np.arange(2, len(vocab) + 2), "raw_location_id": vocab})
     locations["n_train_visits"] = locations["loc_index"].map(train_visits).fillna(0).to_numpy()
     first = ~sp["user"].duplicated()
     samples = {
@@ -73,6 +73,63 @@ def test_a_build_reads_nothing_after_a_questions_now() -> None:
     staypoints, locations, samples, num_places = synthetic_dataset()
     picks = [(s, int(i)) for s in ("val", "test") for i in np.linspace(0, len(samples[s]) - 1, 8).astype(int)]
     assert causal_mismatches(staypoints, locations, samples, num_places, TIMEZONE, picks) == []
+
+
+def located_staypoints(staypoints: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
+    """Located staypoints behind the final ones, as preprocessing has them before merging: each final
+    staypoint's own, a second one 10 minutes later for a third of them (merged away), each with its own
+    coordinates, and those of a user the dataset dropped, at the same places any time."""
+    rng = np.random.default_rng(seed)
+    columns = ["raw_location_id", "started_at", "latitude", "longitude"]
+    second = staypoints[rng.random(len(staypoints)) < 1 / 3][columns].copy()
+    second["started_at"] += pd.Timedelta(minutes=10)
+    dropped = staypoints[columns].sample(frac=0.3, random_state=seed).copy()
+    dropped["started_at"] = dropped["started_at"].sample(frac=1, random_state=seed + 1).to_numpy()
+    located = pd.concat([staypoints[columns], second, dropped], ignore_index=True)
+    located[["latitude", "longitude"]] += rng.normal(0, 1e-4, (len(located), 2))
+    return located.rename(columns={"raw_location_id": "location_id"})
+
+
+def test_a_build_on_located_staypoints_reads_nothing_after_a_questions_now() -> None:
+    """As above, the centres from the located staypoints (every user's, before merging)."""
+    staypoints, locations, samples, num_places = synthetic_dataset(seed=2)
+    located = located_staypoints(staypoints)
+    picks = [(s, int(i)) for s in ("val", "test") for i in np.linspace(0, len(samples[s]) - 1, 8).astype(int)]
+    assert causal_mismatches(staypoints, locations, samples, num_places, TIMEZONE, picks, located) == []
+
+
+def test_centres_are_those_of_the_located_staypoints_before_now() -> None:
+    """Given the located staypoints, a place's centre as of now is the mean of theirs there before now
+    (every user's, known places and unseen ones alike), and at the end of time the vocabulary's centre."""
+    staypoints, locations, samples, num_places = synthetic_dataset(seed=3)
+    located = located_staypoints(staypoints, seed=3)
+    splits = {
+        s: one_split(t.column("staypoint_id"), t.column("target_loc").to_numpy()) for s, t in samples.items()
+    }
+    data = RoutineData.build(staypoints, locations, splits, num_places, TIMEZONE, located=located)
+    started = wall_minutes(located["started_at"], TIMEZONE)
+    queries, places = data.queries["test"], data.unseen_places
+    raw_of = dict(zip(places.log.place.tolist(), places.log.raw_place.tolist(), strict=False))
+    checked = 0
+    for i in np.linspace(0, len(queries) - 1, 20).astype(int):
+        now = queries.now[i : i + 1]
+        for place, raw in raw_of.items():
+            rows = (located["location_id"].to_numpy() == raw) & (started < now[0])
+            expected = located.loc[rows, ["latitude", "longitude"]].mean().to_numpy()
+            got = places.routine.centre(np.array([place]), now)[0]
+            np.testing.assert_allclose(got, expected, rtol=1e-12)
+            checked += rows.any()
+            if place < num_places:  # a known place: the same centre in the routine over encoded ids
+                np.testing.assert_allclose(
+                    data.routine.centre(np.array([place]), now)[0], expected, rtol=1e-12
+                )
+    assert checked > 100
+    end = np.full(len(locations), np.iinfo(np.int64).max // 2)
+    means = located.groupby("location_id")[["latitude", "longitude"]].mean()
+    expected = means.loc[locations["raw_location_id"]].to_numpy()
+    np.testing.assert_allclose(
+        data.routine.centre(locations["loc_index"].to_numpy(), end), expected, rtol=1e-12
+    )
 
 
 def test_centres_are_those_of_the_visits_before_now() -> None:
