@@ -36,6 +36,7 @@ from nextloc.routine.visits import VisitLog
 REQUEST_CAPACITY = 4096  # places outside the vocabulary one request may add to a stored tally's
 PREFIX = "unseen:"  # the tally table's indexes of this routine
 CENTRES_INDEX = "centres"  # one row per unseen place the tally holds: key its id, count/total its lat/lon
+END_OF_TIME = np.iinfo(np.int64).max // 4  # wall-clock minutes after every visit
 
 
 class Candidates(Protocol):
@@ -141,7 +142,7 @@ class UnseenPlaces:
         table = self.routine.tally()
         table["index"] = PREFIX + table["index"].astype(str)
         ids = np.arange(self.num_places, self.num_places + self.held)
-        after_all = np.full(len(ids), int(self.log.start.max()) + 1 if len(self.log) else 0)
+        after_all = np.full(len(ids), END_OF_TIME)  # every visit, the centre log's included
         lat, lon = self.routine.centre(ids, after_all).T
         centres = pd.DataFrame({"index": PREFIX + CENTRES_INDEX, "key": ids, "count": lat, "total": lon})
         return pd.concat([table, centres.assign(last=np.nan)], ignore_index=True)
