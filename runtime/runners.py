@@ -1,9 +1,10 @@
-"""Task runners: the per-user fan-out on local threads (default) or a Dask cluster; trainings in processes.
+"""Task runners: the per-user fan-out and the trainings, on this machine (default) or a Dask cluster.
 
-``local`` maps per-user work on a thread pool in the flow's process. ``dask`` uses ``prefect-dask``'s
-``DaskTaskRunner``: a ``distributed.LocalCluster`` of ``workers`` single-threaded processes, or the
-scheduler at ``dask_address`` (``tcp://host:8786``) of an existing cluster. Only paths and small records
-cross task boundaries, so workers need the data directory on a shared filesystem, nothing else.
+``local`` maps per-user work on a thread pool in the flow's process and runs the trainings in a process
+pool. ``dask`` uses ``prefect-dask``'s ``DaskTaskRunner`` for both: a ``distributed.LocalCluster`` of
+``workers`` single-threaded processes, or the scheduler at ``dask_address`` (``tcp://host:8786``) of an
+existing cluster; each (kind, seed) training is one task there. Only paths and small records cross task
+boundaries, so workers need the data directory on a shared filesystem, nothing else.
 """
 
 from __future__ import annotations
@@ -99,6 +100,21 @@ def training_runner(workers: int = 1) -> ProcessPoolTaskRunner:
     log and event messages forwarded to the flow's process), then the process ends at once.
     """
     return TrainingPoolTaskRunner(max_workers=workers, initializer=_exit_without_teardown)
+
+
+def make_training_runner(
+    kind: RunnerKind = "local", workers: int = 1, dask_address: str | None = None
+) -> TaskRunner:
+    """The task runner for the trainings: :func:`training_runner` (``local``: ``workers`` processes of this
+    machine), or Dask (:func:`make_task_runner`: a new ``LocalCluster`` of ``workers`` single-threaded
+    processes, or the cluster at ``dask_address``), one task per (kind, seed).
+
+    Raises:
+        ValueError: on an unknown kind, or an address given for the local runner.
+    """
+    if kind == "local" and not dask_address:
+        return training_runner(max(1, workers))
+    return make_task_runner(kind, workers, dask_address)
 
 
 def _exit_without_teardown() -> None:
