@@ -10,6 +10,10 @@ while staying), so a larger size has more users, not longer ones. For each size:
    ``local`` (the thread pool) and ``dask`` (a 2-worker ``LocalCluster``; DBSCAN by ``--dbscan-tiles``
    spatial tiles on the workers). Each run is a fresh process with an empty data directory;
 3. ``train``: ``nextloc train --model markov,mhsa --train-set max_epochs=1`` on the local runner's output;
+   then ``ranker_<runner>``: ``nextloc train --model ranker`` (the default champion, seed 0) on each runner
+   (``local``: the process pool; ``dask``: ``--task-runner dask``, a new 2-worker ``LocalCluster``), each on
+   a fresh copy of that output, with its cost per training sample (wall and CPU ms) and its ratio to the
+   smallest size's in ``scaling`` (target: flat within 1.5x, no process above 4 GB);
 4. the size's data is deleted.
 
 Every measured command is its own process tree, run under a wrapper: wall, CPU (user+sys of the tree,
@@ -149,30 +153,45 @@ def _run_size(size: float, runners: list[str], args: argparse.Namespace, env: di
         run["outputs_identical_across_runners"] = all(d == first for d in digests.values())
     if not args.no_train:
         data_dir = root / f"out-{runners[0]}"
-        train = [
-            str(Path(sys.executable).with_name("nextloc")),
-            "train",
-            "--data-dir",
-            str(data_dir),
-            "--model",
-            "markov,mhsa",
-            "--train-set",
-            "max_epochs=1",
-            "--workers",
-            "1",
-            "--tracking-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
-            "--experiment",
-            "nextloc-scale",
-        ]
         meta = json.loads((data_dir / "metadata.json").read_text())
         run["samples"] = meta["n_samples"]
-        run["train"] = {**_measure(train, env), "models": "markov + mhsa (1 epoch)"}
+        short = ["--model", "markov,mhsa", "--train-set", "max_epochs=1"]
+        run["train"] = {**_train(data_dir, root, short, env, "short"), "models": "markov + mhsa (1 epoch)"}
         run["train"].update(_per_mfix(run["train"], n_fixes))
+        for runner in runners:  # the default champion, one seed, on each runner (a fresh copy of the data)
+            ranker = _train(data_dir, root, ["--model", "ranker", *_runner_args(runner, args)], env, runner)
+            run[f"ranker_{runner}"] = {**ranker, **_per_sample(ranker, meta["n_samples"]["train"])}
         print(f"[scale] {run['size']} train: {run['train']['wall_s']} s", file=sys.stderr)
     if not args.keep_data:
         shutil.rmtree(root, ignore_errors=True)
     return run
+
+
+def _train(data_dir: Path, root: Path, options: list[str], env: dict[str, str], name: str) -> dict:
+    """``nextloc train`` with ``options`` on a copy of ``data_dir`` (no cached result), measured."""
+    copy = root / f"train-{name}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(data_dir, copy, ignore=shutil.ignore_patterns("_cache", "results", "01_*", "02_*"))
+    nextloc = str(Path(sys.executable).with_name("nextloc"))
+    tracking = ["--tracking-uri", f"sqlite:///{root / f'mlflow-{name}.db'}", "--experiment", "nextloc-scale"]
+    measured = _measure([nextloc, "train", "--data-dir", str(copy), *options, *tracking], env)
+    shutil.rmtree(copy, ignore_errors=True)
+    return measured
+
+
+def _runner_args(runner: str, args: argparse.Namespace) -> list[str]:
+    if runner == "dask":
+        return ["--task-runner", "dask", "--dask-workers", str(args.dask_workers)]
+    return ["--workers", "1"]
+
+
+def _per_sample(measured: dict, n_train: int) -> dict:
+    """Wall and CPU milliseconds per training sample."""
+    return {
+        "train_samples": n_train,
+        "wall_ms_per_sample": round(1e3 * measured["wall_s"] / max(n_train, 1), 3),
+        "cpu_ms_per_sample": round(1e3 * measured["cpu_s"] / max(n_train, 1), 3),
+    }
 
 
 def _generate(size: float, out: Path, quick: bool) -> int:
@@ -387,6 +406,20 @@ def _scaling(runs: list[dict]) -> dict:
                     else None,
                     "cpu_s_per_mfix": e.get("cpu_s_per_mfix"),
                     "peak_rss_mb": e.get("peak_rss_mb"),
+                }
+                for r, e in zip(runs, per_size, strict=True)
+            }
+    for key in [k for k in runs[0] if k.startswith("ranker_")]:
+        per_size = [r.get(key) for r in runs]
+        if all(per_size):
+            base = per_size[0]["wall_ms_per_sample"]
+            out[key] = {
+                r["size"]: {
+                    "wall_ms_per_sample": e["wall_ms_per_sample"],
+                    "wall_ratio": round(e["wall_ms_per_sample"] / base, 2) if base else None,
+                    "cpu_ms_per_sample": e["cpu_ms_per_sample"],
+                    "peak_rss_largest_process_mb": e["peak_rss_largest_process_mb"],
+                    "peak_rss_mb": e["peak_rss_mb"],
                 }
                 for r, e in zip(runs, per_size, strict=True)
             }

@@ -58,13 +58,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"default: $NEXTLOC_GEOLIFE_DIR, {DEFAULT_RAW_DIR}, a local archive, or download",
     )
-    parser.add_argument(
-        "--task-runner", choices=["local", "dask"], default="local", help="per-user preprocessing"
-    )
-    parser.add_argument(
-        "--dask-address", default=None, help="scheduler of an existing Dask cluster (tcp://host:8786)"
-    )
-    parser.add_argument("--dask-workers", type=int, default=None, help="processes of a new Dask LocalCluster")
+    _add_runner_options(parser, "per-user preprocessing and the trainings")
     parser.add_argument(
         "--dbscan-tiles",
         type=int,
@@ -77,6 +71,16 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     _add_train_options(parser)
+    _add_runner_options(parser, "the trainings: --workers processes here, or one Dask task per model x seed")
+
+
+def _add_runner_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--task-runner``, ``--dask-address``, ``--dask-workers``: where ``what`` runs."""
+    parser.add_argument("--task-runner", choices=["local", "dask"], default="local", help=what)
+    parser.add_argument(
+        "--dask-address", default=None, help="scheduler of an existing Dask cluster (tcp://host:8786)"
+    )
+    parser.add_argument("--dask-workers", type=int, default=None, help="processes of a new Dask LocalCluster")
 
 
 def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -223,16 +223,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     models, seeds, model_set, train_set = _train_plan(args)
     require_preprocessed(args.data_dir)  # before the API starts, not in the flow
+    if args.dask_address and args.task_runner != "dask":
+        raise ValueError("--dask-address is only used with --task-runner dask")
     local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
     neural = _neural(models)
     from flows.train import train
     from runtime.progress import quiet_task_runs_on_console
-    from runtime.runners import training_runner
+    from runtime.runners import make_training_runner
 
     quiet_task_runs_on_console()
-    workers = max(1, args.workers)
-    runner = training_runner(workers)
-    with local_api.ready():
+    dask = args.task_runner == "dask"
+    workers = args.dask_workers if dask else max(1, args.workers)
+    with local_api.ready():  # a Dask runner points its workers at the API (runtime.runners)
+        runner = make_training_runner(args.task_runner, workers, args.dask_address)
         result = train.with_options(task_runner=runner)(
             data_dir=str(args.data_dir),
             models=models,

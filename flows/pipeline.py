@@ -6,8 +6,8 @@ config is all cache hits (training included) and a changed model parameter retra
 
 ``raw_dir`` defaults to $NEXTLOC_GEOLIFE_DIR, ``data/raw/geolife``, a local archive, or the download.
 ``task_runner="dask"`` fans per-user work out to a new ``LocalCluster`` of ``dask_workers`` processes, or to
-the cluster at ``dask_address``; ``dbscan_tiles`` > 0 runs the dataset-level DBSCAN by that many spatial
-tiles there too (same ids).
+the cluster at ``dask_address``, and the trainings after it, one task per (kind, seed) (the process pool's
+results); ``dbscan_tiles`` > 0 runs the dataset-level DBSCAN by that many spatial tiles there too (same ids).
 
 Each dataset profile is deployed as ``preprocess-train/<name>`` with the parameters :func:`profile_parameters`
 gives it (``flows/serve.py``); a section passed at run time replaces the profile's section.
@@ -44,7 +44,7 @@ from nextloc.models.registry import neural_kinds
 from nextloc.profiles import DatasetProfile
 from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_overrides
 from runtime.locking import data_dir_lock
-from runtime.runners import make_task_runner
+from runtime.runners import make_task_runner, make_training_runner
 from tasks.pipeline import publish_summary, resolve_raw_dir
 from tasks.promotion import (
     DEFAULT_DECISION_METRIC,
@@ -118,7 +118,10 @@ def preprocess_train(
             input_timezone=input_timezone,
             dbscan_tiles=dbscan_tiles,
         )
-        trained = train.with_options(task_runner=_process_pool(workers))(
+        trainings = make_training_runner(
+            task_runner, dask_workers if task_runner == "dask" else workers, dask_address
+        )
+        trained = train.with_options(task_runner=trainings)(
             data_dir=preprocessed["data_dir"],
             models=list(models),
             seeds=list(seeds),
@@ -190,9 +193,3 @@ def profile_parameters(
         "model_overrides": model_overrides,
         "train_overrides": train_overrides,
     }
-
-
-def _process_pool(workers: int):
-    from runtime.runners import training_runner
-
-    return training_runner(workers)

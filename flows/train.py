@@ -66,7 +66,8 @@ def train(
     the one champion rule (:mod:`tasks.promotion`), unless ``promote=False``. Each (model, seed) task is
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=training_runner(n))`` runs ``n`` at once;
-    separate processes keep each seed's random streams its own). On a CPU each uses one intra-op thread:
+    separate processes keep each seed's random streams its own), or one task each on a Dask cluster
+    (:func:`runtime.runners.make_training_runner`: the same results). On a CPU each uses one intra-op thread:
     these small models train about twice as fast that way. Overrides (:mod:`nextloc.training.overrides`) are
     checked before any work.
     """

@@ -1,9 +1,10 @@
-"""Task runners: the per-user fan-out on local threads (default) or a Dask cluster; trainings in processes.
+"""Task runners: the per-user fan-out and the trainings, on this machine (default) or a Dask cluster.
 
-``local`` maps per-user work on a thread pool in the flow's process. ``dask`` uses ``prefect-dask``'s
-``DaskTaskRunner``: a ``distributed.LocalCluster`` of ``workers`` single-threaded processes, or the
-scheduler at ``dask_address`` (``tcp://host:8786``) of an existing cluster. Only paths and small records
-cross task boundaries, so workers need the data directory on a shared filesystem, nothing else.
+``local`` maps per-user work on a thread pool in the flow's process and runs the trainings in a process
+pool. ``dask`` uses ``prefect-dask``'s ``DaskTaskRunner`` for both: a ``distributed.LocalCluster`` of
+``workers`` single-threaded processes, or the scheduler at ``dask_address`` (``tcp://host:8786``) of an
+existing cluster; each (kind, seed) training is one task there. Only paths and small records cross task
+boundaries, so workers need the data directory on a shared filesystem, nothing else.
 """
 
 from __future__ import annotations
@@ -21,10 +22,19 @@ from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTa
 from runtime import compat
 
 RunnerKind = Literal["local", "dask"]
+# The training processes' glibc malloc maps blocks from 1 MiB up at a fixed threshold. Left to itself, the
+# threshold rises to the largest block freed so far, and a routine kind's evaluation, which frees a (batch x
+# places) answer after each batch in sizes that vary, leaves them in the heap as fragments that grow with
+# questions x places: a 4x synthetic ranker's training held 2.6-3.0 GB rather than 1.25 GB (BENCHMARKS.md).
+# A value already in the environment wins; other C libraries ignore it.
+TRAINING_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 
 
 def make_task_runner(
-    kind: RunnerKind = "local", workers: int | None = None, dask_address: str | None = None
+    kind: RunnerKind = "local",
+    workers: int | None = None,
+    dask_address: str | None = None,
+    worker_env: dict[str, str] | None = None,
 ) -> TaskRunner:
     """The task runner for per-user preprocessing work.
 
@@ -32,6 +42,7 @@ def make_task_runner(
         kind: ``local`` (a thread pool in this process) or ``dask``.
         workers: threads (local) or worker processes of a new ``LocalCluster`` (dask); default: the cores.
         dask_address: scheduler address of an existing Dask cluster (``kind="dask"`` only).
+        worker_env: environment variables of a new ``LocalCluster``'s worker processes.
 
     Raises:
         ValueError: on an unknown kind, or an address given for the local runner.
@@ -55,6 +66,7 @@ def make_task_runner(
             "threads_per_worker": 1,
             "processes": True,
             "dashboard_address": ":0",
+            **({"env": worker_env} if worker_env else {}),
         },
     )
 
@@ -78,13 +90,16 @@ class TrainingPoolTaskRunner(ProcessPoolTaskRunner):
     (:func:`runtime.compat.submit_in_order`). A submission that waits for an upstream future holds back the
     ones after it; the trainings have no upstream futures.
 
-    Its workers report to the flow's Prefect API (:func:`share_api_with_workers` before they start): a worker
+    Its workers start with :data:`TRAINING_ENV` and report to the flow's Prefect API
+    (:func:`share_api_with_workers` before they start): a worker
     that found no API in its environment started a temporary server of its own on the same ``PREFECT_HOME``
     database, a second SQLite writer beside the local API, left running once the worker ended.
     """
 
     def __enter__(self) -> Self:
         share_api_with_workers()
+        for key, value in TRAINING_ENV.items():  # the workers are spawned: they start with this environment
+            os.environ.setdefault(key, value)
         super().__enter__()
         compat.submit_in_order(self)
         return self
@@ -99,6 +114,23 @@ def training_runner(workers: int = 1) -> ProcessPoolTaskRunner:
     log and event messages forwarded to the flow's process), then the process ends at once.
     """
     return TrainingPoolTaskRunner(max_workers=workers, initializer=_exit_without_teardown)
+
+
+def make_training_runner(
+    kind: RunnerKind = "local", workers: int = 1, dask_address: str | None = None
+) -> TaskRunner:
+    """The task runner for the trainings: :func:`training_runner` (``local``: ``workers`` processes of this
+    machine), or Dask (:func:`make_task_runner`: a new ``LocalCluster`` of ``workers`` single-threaded
+    processes, or the cluster at ``dask_address``), one task per (kind, seed). The processes it starts run
+    with :data:`TRAINING_ENV` (an existing cluster's workers: as their operator started them).
+
+    Raises:
+        ValueError: on an unknown kind, or an address given for the local runner.
+    """
+    if kind == "local" and not dask_address:
+        return training_runner(max(1, workers))
+    env = {key: os.environ.get(key, value) for key, value in TRAINING_ENV.items()}
+    return make_task_runner(kind, workers, dask_address, worker_env=env)
 
 
 def _exit_without_teardown() -> None:

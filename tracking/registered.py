@@ -89,12 +89,16 @@ def registered_scores(
         read_located(catalog.located),
     )
     model = bundle.routine.model
-    answers = torch.from_numpy(data.log_probabilities(model, split))
+    scores = model.scores(data.candidates[split])
+
+    def answers(batch) -> torch.Tensor:  # a batch's answers when it is scored: a split's (N, V) never is
+        return torch.from_numpy(data.log_probabilities(model, split, scores, batch.index.cpu().numpy()))
+
     # a model registered before the unseen places' tally was kept reads the explore features alone
     explore = (
         data.explore(model, split) if bundle.routine.unseen is not None else data.candidates[split].explore
     )
-    return lambda batch: answers[batch.index], explore, data.windows[split]
+    return answers, explore, data.windows[split]
 
 
 MAP_USERS = 3  # test users drawn for each champion

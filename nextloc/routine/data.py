@@ -164,13 +164,17 @@ class RoutineData:
         return refit, (scores, unseen_scores)
 
     def log_probabilities(
-        self, model: CandidateScorer, split: str, scores: np.ndarray | None = None
+        self,
+        model: CandidateScorer,
+        split: str,
+        scores: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
     ) -> np.ndarray:
         """``(N, V)`` float32: ``model``'s answer to every question of ``split``, in split order (``scores``:
-        its candidates' scores, default ``model``'s)."""
+        its candidates' scores, default ``model``'s); ``rows``: to those questions only, ``(B, V)``."""
         candidates = self.candidates[split]
         scores = model.scores(candidates) if scores is None else scores
-        return log_probabilities(candidates, scores, self.popularity, model.calibration)
+        return log_probabilities(candidates, scores, self.popularity, model.calibration, rows)
 
     def explore(
         self,

@@ -299,6 +299,7 @@ def log_probabilities(
     scores: np.ndarray,
     popularity: np.ndarray,
     calibration: Calibration | None = None,
+    rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """``(N, V)`` float32 log-probabilities over the known places from candidate scores (see the module
     docstring and :class:`Calibration`; default: the uncalibrated temperature 1 and :data:`FALLBACK_MASS`).
@@ -308,23 +309,39 @@ def log_probabilities(
         scores: ``(R,)`` one score per candidate.
         popularity: ``(V,)`` the places' visits in train (the fallback mass's weights, :class:`Calibration`).
         calibration: the temperature, the fallback mass and its popularity power.
+        rows: ``(B,)`` answer only these questions, in this order: ``(B, V)``, each row the one the whole
+            set's answer holds (a batch's answers, without the ``(N, V)`` matrix: it grows as the square of
+            the data, questions times places).
     """
+    q, place, n = candidates.query, candidates.place, candidates.n
+    if rows is not None:
+        q, pick = _questions(q, np.asarray(rows, dtype=np.int64))
+        place, scores, n = place[pick], np.asarray(scores)[pick], len(rows)
     calibration = calibration or Calibration()
     scores = np.asarray(scores, dtype=np.float64) / calibration.temperature
     mass = calibration.fallback_mass
     v = len(popularity)
     fallback = calibration.fallback_weights(popularity)
     share = np.log(np.maximum(fallback, 1e-300) / fallback.sum())  # classes 0 and 1: set to FLOOR below
-    out = np.tile(share, (candidates.n, 1))
-    has = np.bincount(candidates.query, minlength=candidates.n) > 0
-    q, place = candidates.query, candidates.place
+    out = np.tile(share, (n, 1))
+    has = np.bincount(q, minlength=n) > 0
     if len(q):
-        top, _, denominator = grouped_softmax(q, scores, candidates.n)
-        rest = fallback.sum() - np.bincount(q, weights=fallback[place], minlength=candidates.n)
+        top, _, denominator = grouped_softmax(q, scores, n)
+        rest = fallback.sum() - np.bincount(q, weights=fallback[place], minlength=n)
         out[has] += np.log(mass) + np.log(fallback.sum()) - np.log(np.maximum(rest[has], 1e-12))[:, None]
         out[q, place] = np.log1p(-mass) + scores - top[q] - np.log(denominator[q])
     out[:, :FIRST_PLACE] = FLOOR
-    return out.astype(np.float32).reshape(candidates.n, v)
+    return out.astype(np.float32).reshape(n, v)
+
+
+def _questions(query: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates of questions ``rows`` (``query`` ascending, as a :class:`CandidateSet`'s): their new
+    question numbers ``0..B-1`` and their positions in the set, question by question in ``rows``' order."""
+    lo = np.searchsorted(query, rows, side="left")
+    lengths = np.searchsorted(query, rows, side="right") - lo
+    ends = np.cumsum(lengths)
+    pick = np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - lengths - lo, lengths)
+    return np.repeat(np.arange(len(rows)), lengths), pick
 
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:

@@ -234,31 +234,34 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
         read_located(located),
     )
     selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
-    val_answers = data.log_probabilities(selection, "val")
-    head_val, val_unseen = val_answers, None
-    model = selection
+    selection_val = selection.scores(data.candidates["val"])
+    head_val, val_unseen, model = selection_val, None, selection
     if kind == "ranker_refit":  # its head reads validation's cross-fitted answers (RoutineData.refit)
-        model, (val_scores_x, val_unseen) = data.refit(selection)
-        head_val = data.log_probabilities(model, "val", val_scores_x)
+        model, (head_val, val_unseen) = data.refit(selection)
 
     def explore(min_past_visits: int = 0) -> tuple[np.ndarray, np.ndarray]:
         val = data.explore(model, "val", val_unseen, min_past_visits)
         return val, data.explore(model, "test", min_past_visits=min_past_visits)
 
-    def rows_of(answers: np.ndarray):
-        answers_t = torch.from_numpy(answers)
-        return lambda batch: answers_t[batch.index.cpu()].to(batch.loc.device)
+    def answers(scorer, split: str, scores: np.ndarray):
+        """A batch's answers, computed when it is scored (the same rows): a split's ``(N, V)`` never is."""
+
+        def score(batch):
+            rows = batch.index.cpu().numpy()
+            return torch.from_numpy(data.log_probabilities(scorer, split, scores, rows)).to(batch.loc.device)
+
+        return score
 
     # validation is the selection's (a refit has trained on it), test the model's
-    val_scores = rows_of(val_answers)
-    test_scores = rows_of(data.log_probabilities(model, "test"))
+    val_scores = answers(selection, "val", selection_val)
+    test_scores = answers(model, "test", model.scores(data.candidates["test"]))
     params = {f"{kind}.weight.{k}": v for k, v in getattr(model, "weights", {}).items()}
     if kind in ("ranker", "ranker_refit"):
         params.update({f"{kind}.seed": seed, f"{kind}.trees": model.best_iteration})
     scorers = Scorers(
         val_scores=val_scores,
         test_scores=test_scores,
-        head_val_scores=rows_of(head_val),
+        head_val_scores=answers(model, "val", head_val),
         explore=explore(),
         joint=True,
         windows=(data.windows["val"], data.windows["test"]),

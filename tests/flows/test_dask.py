@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,40 @@ def test_tile_map_is_the_builtin_map_off_dask():
     from runtime.runners import tile_map
 
     assert tile_map() is map
+
+
+VOLATILE = {"train_seconds", "mlflow_run_id", "model_uri", "registered_version"}
+
+
+def _trained(data_dir: Path) -> dict[str, object]:
+    """Each run's test answers (bytes) and results (timing and MLflow ids left out)."""
+    out: dict[str, object] = {}
+    for run in sorted((data_dir / "results").glob("*/seed*")):
+        name = f"{run.parent.name}/{run.name}"
+        out[name] = hashlib.sha256((run / "test_per_sample.parquet").read_bytes()).hexdigest()
+        results = json.loads((run / "results.json").read_text())
+        out[f"{name}/results"] = {k: v for k, v in results.items() if k not in VOLATILE}
+    return out
+
+
+def test_trainings_on_a_dask_local_cluster_give_the_process_pools_results(preprocessed_copy, tmp_path):
+    """Each (kind, seed) one task on a 2-worker LocalCluster: the process pool's answers and results."""
+    from flows.train import train
+    from runtime.runners import make_training_runner
+
+    digests = []
+    for runner in ("local", "dask"):
+        data_dir = preprocessed_copy(tmp_path / runner)
+        result = train.with_options(task_runner=make_training_runner(runner, 2))(
+            data_dir=str(data_dir),
+            models=["markov", "ranker"],
+            seeds=[0, 1],
+            tracking_uri=f"sqlite:///{tmp_path / f'{runner}.db'}",
+            experiment="test",
+            device="cpu",
+            promote=False,
+        )
+        assert len(result["runs"]) == 4
+        digests.append(_trained(data_dir))
+    assert len(digests[0]) == 8
+    assert digests[0] == digests[1]

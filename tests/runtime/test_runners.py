@@ -122,3 +122,18 @@ def test_the_fan_out_is_as_wide_as_the_pool_nextloc_made():
     default runner fans out over this machine's cores."""
     assert _width_of_three() == 3
     assert _width_of_prefects_default() == (os.cpu_count() or 1)
+
+
+def test_training_runners_start_their_processes_with_the_training_env(monkeypatch):
+    """The process pool or a new Dask LocalCluster, their workers started with TRAINING_ENV (one set
+    beforehand wins); an address for the local runner is refused."""
+    from runtime.runners import TRAINING_ENV, TrainingPoolTaskRunner, make_training_runner
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # the workers' API: not started here
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert isinstance(make_training_runner("local", 2), TrainingPoolTaskRunner)
+    assert make_training_runner("dask", 2).cluster_kwargs["env"] == TRAINING_ENV
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "4096")
+    assert make_training_runner("dask", 2).cluster_kwargs["env"] == {"MALLOC_MMAP_THRESHOLD_": "4096"}
+    with pytest.raises(ValueError, match="only used with task_runner='dask'"):
+        make_training_runner("local", 1, "tcp://127.0.0.1:8786")
