@@ -137,7 +137,6 @@ def champion_maps(
         pd.read_parquet(catalog.vocabulary("locations")),
         MAP_USERS,
         bundle.preprocess.samples.previous_days,
-        read_located(catalog.located),
     )
     logged = []
     tiles = "env"  # after a map that got no basemap (offline: one warning), the others do not ask again
