@@ -70,8 +70,7 @@ def registered_scores(
     and (routine kinds) their explore features and windows anchored at each question's now. A routine kind
     reads the dataset's staypoints: every question's whole past, each place's centre as of the question's
     now (as in training's evaluation; the bundle's own centres are for answers)."""
-    import torch  # torch, nextloc.models.batch, nextloc.evaluation.evaluate: evaluating, not answering
-
+    from nextloc.evaluation.evaluate import routine_scores  # torch: evaluating, not answering
     from nextloc.models.batch import SampleTensors
     from nextloc.models.packed import pack_batch
 
@@ -89,11 +88,7 @@ def registered_scores(
         read_located(catalog.located),
     )
     model = bundle.routine.model
-    scores = model.scores(data.candidates[split])
-
-    def answers(batch) -> torch.Tensor:  # a batch's answers when it is scored: a split's (N, V) never is
-        return torch.from_numpy(data.log_probabilities(model, split, scores, batch.index.cpu().numpy()))
-
+    answers = routine_scores(data, model, split, model.scores(data.candidates[split]))
     # a model registered before the unseen places' tally was kept reads the explore features alone
     explore = (
         data.explore(model, split) if bundle.routine.unseen is not None else data.candidates[split].explore

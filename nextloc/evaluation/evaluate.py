@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,10 @@ from nextloc.evaluation.tensor_metrics import MetricAccumulator
 from nextloc.models.batch import Batch, SampleTensors, by_length
 from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.routine.novelty import FEATURE_SETS, FEATURES, NewPlaceHead, novelty_features, with_new_place
+
+if TYPE_CHECKING:
+    from nextloc.routine.data import RoutineData
+    from nextloc.routine.ranking import CandidateScorer
 
 ScoreFn = Callable[[Batch], torch.Tensor]
 
@@ -102,6 +107,17 @@ def model_scores(model: nn.Module) -> ScoreFn:
         device = batch.loc.device
         with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
             return model(batch).float()
+
+    return score
+
+
+def routine_scores(data: RoutineData, model: CandidateScorer, split: str, scores: np.ndarray) -> ScoreFn:
+    """Batch -> a routine kind's log-probabilities for the batch's questions of ``split`` (``scores``: its
+    candidates' scores), computed when the batch is scored: a split's ``(N, V)`` never is."""
+
+    def score(batch: Batch) -> torch.Tensor:
+        rows = batch.index.cpu().numpy()
+        return torch.from_numpy(data.log_probabilities(model, split, scores, rows)).to(batch.loc.device)
 
     return score
 

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from nextloc.config import PreprocessConfig
-from nextloc.evaluation.evaluate import Evaluation, ScoreFn, evaluate, model_scores
+from nextloc.evaluation.evaluate import Evaluation, ScoreFn, evaluate, model_scores, routine_scores
 from nextloc.models import build_model, count_parameters, model_settings, registry
 from nextloc.models.baselines import BaselineModule
 from nextloc.models.batch import SampleTensors
@@ -243,25 +243,16 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
         val = data.explore(model, "val", val_unseen, min_past_visits)
         return val, data.explore(model, "test", min_past_visits=min_past_visits)
 
-    def answers(scorer, split: str, scores: np.ndarray):
-        """A batch's answers, computed when it is scored (the same rows): a split's ``(N, V)`` never is."""
-
-        def score(batch):
-            rows = batch.index.cpu().numpy()
-            return torch.from_numpy(data.log_probabilities(scorer, split, scores, rows)).to(batch.loc.device)
-
-        return score
-
     # validation is the selection's (a refit has trained on it), test the model's
-    val_scores = answers(selection, "val", selection_val)
-    test_scores = answers(model, "test", model.scores(data.candidates["test"]))
+    val_scores = routine_scores(data, selection, "val", selection_val)
+    test_scores = routine_scores(data, model, "test", model.scores(data.candidates["test"]))
     params = {f"{kind}.weight.{k}": v for k, v in getattr(model, "weights", {}).items()}
     if kind in ("ranker", "ranker_refit"):
         params.update({f"{kind}.seed": seed, f"{kind}.trees": model.best_iteration})
     scorers = Scorers(
         val_scores=val_scores,
         test_scores=test_scores,
-        head_val_scores=answers(model, "val", head_val),
+        head_val_scores=routine_scores(data, model, "val", head_val),
         explore=explore(),
         joint=True,
         windows=(data.windows["val"], data.windows["test"]),
