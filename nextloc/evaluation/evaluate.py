@@ -82,6 +82,9 @@ class Evaluation:
     # a routine kind's test metrics with the head reading the share of the unseen places that have at least
     # 2 visits before now (the protocol's DBSCAN effect, docs/protocol.md), else None
     past_places: dict[str, float] | None = None
+    # validation's new-place head inputs (the model's features, then the explore features) and whether each
+    # target was a new place: what retest() fits another head on
+    head_inputs: tuple[np.ndarray, np.ndarray] | None = None
 
     def per_sample(self) -> pd.DataFrame:
         """Test outcomes per sample (hits and gains of both families, P(new place), and ``target_is_copy``
@@ -229,20 +232,14 @@ def evaluate(
         if head_scores is val_scores
         else score_split(head_scores, val, batch_size, val_explore, window=val_window)
     )
-    if head is None:
-        width = head_split.features.shape[1]
-        names = next(names for names in FEATURE_SETS if len(names) == width)
-        head = NewPlaceHead.fit(head_split.features, head_split.is_new, names=names)
+    head = head or _fit_head(head_split.features, head_split.is_new)
     if joint:
         val_split = score_split(val_scores, val, batch_size, val_explore, head, window=val_window)
     test_split = score_split(test_scores, test, batch_size, test_explore, head, joint, test_window)
-    p_new = head.predict(test_split.features)
-    val_metrics, test_metrics = val_split.accumulator.compute(), test_split.accumulator.compute(p_new)
-    test_metrics.update(test_split.answer_sets())  # what `nextloc predict --coverage` answers, measured
-    table = None
+    test_metrics, p_new = _test_metrics(test_split, head, joint)
+    val_metrics, table = val_split.accumulator.compute(), None
     if joint:  # how well the one distribution's probabilities are calibrated (its top answer's)
         table, val_metrics["top1_ece"] = val_split.reliability()
-        test_metrics["top1_ece"] = test_split.reliability()[1]
     return Evaluation(
         val=val_metrics,
         test=test_metrics,
@@ -252,7 +249,49 @@ def evaluate(
         per_user=test_split.accumulator.per_user(test.user_id_np),
         target_in_history=float(100 * test.target_in_history().mean()) if len(test) else float("nan"),
         val_reliability=table,
+        head_inputs=(head_split.features, head_split.is_new),
     )
+
+
+def retest(
+    evaluation: Evaluation,
+    test_scores: ScoreFn,
+    test: SampleTensors,
+    explore: tuple[np.ndarray, np.ndarray],
+    batch_size: int = 512,
+    joint: bool = False,
+    window: np.ndarray | None = None,
+) -> dict[str, float]:
+    """The test metrics of :func:`evaluate`'s model with its new-place head fit again, on the same validation
+    scores, reading ``explore`` (val's, test's) as the routine's explore features instead: what
+    :func:`evaluate` with ``explore`` would report on test, without scoring validation again (its features
+    are kept in :attr:`Evaluation.head_inputs`)."""
+    if evaluation.head_inputs is None:
+        raise ValueError("this evaluation kept no validation features to fit another head on")
+    features, is_new = evaluation.head_inputs
+    val_features = np.column_stack([features[:, : len(FEATURES)], explore[0]])
+    head = _fit_head(val_features, is_new)
+    test_split = score_split(test_scores, test, batch_size, explore[1], head, joint, window)
+    return _test_metrics(test_split, head, joint)[0]
+
+
+def _fit_head(features: np.ndarray, is_new: np.ndarray) -> NewPlaceHead:
+    """The new-place head fit on validation's inputs (its feature names from their number of columns)."""
+    names = next(names for names in FEATURE_SETS if len(names) == features.shape[1])
+    return NewPlaceHead.fit(features, is_new, names=names)
+
+
+def _test_metrics(
+    test_split: SplitScores, head: NewPlaceHead, joint: bool
+) -> tuple[dict[str, float], np.ndarray]:
+    """The test split's metrics with ``head``'s P(new place) (and the one distribution's answer sets, and its
+    top answer's calibration error when ``joint``), and that P(new place)."""
+    p_new = head.predict(test_split.features)
+    metrics = test_split.accumulator.compute(p_new)
+    metrics.update(test_split.answer_sets())  # what `nextloc predict --coverage` answers, measured
+    if joint:
+        metrics["top1_ece"] = test_split.reliability()[1]
+    return metrics, p_new
 
 
 def without_copies(per_sample: pd.DataFrame, copied: np.ndarray) -> dict[str, float]:

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from nextloc.config import PreprocessConfig
-from nextloc.evaluation.evaluate import Evaluation, ScoreFn, evaluate, model_scores, routine_scores
+from nextloc.evaluation.evaluate import Evaluation, ScoreFn, evaluate, model_scores, retest, routine_scores
 from nextloc.models import build_model, count_parameters, model_settings, registry
 from nextloc.models.baselines import BaselineModule
 from nextloc.models.batch import SampleTensors
@@ -107,7 +107,15 @@ class FittedKind:
         evaluation = with_explore(scorers.explore)
         if scorers.past_places_explore is None:
             return evaluation
-        past = with_explore(scorers.past_places_explore).test
+        window = None if scorers.windows is None else scorers.windows[1]
+        past = retest(
+            evaluation,
+            scorers.test_scores,
+            splits["test"],
+            scorers.past_places_explore,
+            joint=scorers.joint,
+            window=window,
+        )
         return replace(evaluation, past_places={k: past[k] for k in PAST_PLACES_KEYS if k in past})
 
 
@@ -252,7 +260,8 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
     scorers = Scorers(
         val_scores=val_scores,
         test_scores=test_scores,
-        head_val_scores=routine_scores(data, model, "val", head_val),
+        # the head reads the tested model's validation answers: the selection's own, unless refit
+        head_val_scores=val_scores if model is selection else routine_scores(data, model, "val", head_val),
         explore=explore(),
         joint=True,
         windows=(data.windows["val"], data.windows["test"]),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nextloc.evaluation.champion import champion_decision, paired_bootstrap
-from nextloc.evaluation.evaluate import evaluate, model_scores, score_split
+from nextloc.evaluation.evaluate import evaluate, model_scores, retest, score_split
 from nextloc.evaluation.leaderboard import format_summary, leaderboard, rank_board, summarise
 from nextloc.evaluation.metrics import METRIC_KEYS, RESULT_KEYS, SET_KEYS, SET_LEVELS, answer_sets
 from nextloc.models import build_model
@@ -18,7 +18,13 @@ from nextloc.models.batch import Batch
 from nextloc.models.packed import pack_batch
 from nextloc.models.registry import KINDS, kinds
 from nextloc.models.scorer import PackedScorer
-from nextloc.routine.novelty import FEATURES, NewPlaceHead, novelty_features, with_new_place
+from nextloc.routine.novelty import (
+    FEATURES,
+    ROUTINE_FEATURES,
+    NewPlaceHead,
+    novelty_features,
+    with_new_place,
+)
 
 V, U = 9, 4
 BASELINES = {k: KINDS[k].model_class for k in kinds("baseline")}
@@ -184,6 +190,22 @@ class TestEvaluate:
             assert own.test[f"set_size_{name}"] == pytest.approx(size)
         assert {k: joint.test[k] for k in SET_KEYS} == pytest.approx({k: own.test[k] for k in SET_KEYS})
         assert not set(SET_KEYS) & set(own.val)  # measured on test only
+
+    @pytest.mark.parametrize("joint", [False, True])
+    def test_retest_reports_what_evaluate_with_the_other_explore_reports_on_test(self, splits, joint):
+        """retest() fits another head on validation's kept features with other explore features and scores
+        test once: the same test metrics as a whole evaluate() with those explore features."""
+        val, test = splits
+        model = BaselineModule(BASELINES["most_frequent"](V).fit(val))
+        rng, width = np.random.default_rng(0), len(ROUTINE_FEATURES) - len(FEATURES)  # a routine kind's
+        first = (rng.normal(size=(len(val), width)), rng.normal(size=(len(test), width)))
+        other = (rng.normal(size=(len(val), width)), rng.normal(size=(len(test), width)))
+        score = model_scores(model)
+        evaluation = evaluate(score, score, val, test, batch_size=4, explore=first, joint=joint)
+        expected = evaluate(score, score, val, test, batch_size=4, explore=other, joint=joint).test
+        assert retest(evaluation, score, test, other, batch_size=4, joint=joint) == expected
+        assert retest(evaluation, score, test, first, batch_size=4, joint=joint) == evaluation.test
+        assert expected != evaluation.test  # the explore features are read
 
     @pytest.mark.parametrize("kind", [*NETWORKS, *BASELINES])
     def test_no_model_names_pad_or_unseen_as_a_place(self, kind, splits):
