@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -109,17 +110,27 @@ class SampleTensors:
         self.user_np = table.column("user").to_numpy().astype(np.int64)
         self.user_id_np = table.column("user_id").to_numpy().astype(np.int64)
         self.target_np = table.column("target_loc").to_numpy().astype(np.int64)
-        loc = pad_lists(table.column("loc_hist"), lengths, self.max_len)
-        self.history_np = loc
+
+    @cached_property
+    def history_np(self) -> np.ndarray:
+        """``(N, T)`` each sample's history of places, right-padded with 0."""
+        return pad_lists(self.table.column("loc_hist"), self.lengths_np, self.max_len)
+
+    @cached_property
+    def _all(self) -> Batch:
+        """The whole split as one batch (a batch is a gather from it, :meth:`Batch.take`), padded when first
+        read: a routine kind reads a training split's ids and targets only, and its padded histories would
+        be most of its memory on a large dataset."""
+        column, lengths, width = self.table.column, self.lengths_np, self.max_len
         tensors = {
-            "loc": loc,
-            "time": pad_lists(table.column("start_min_hist"), lengths, self.max_len) // TIME_SLOT_MIN,
-            "weekday": pad_lists(table.column("weekday_hist"), lengths, self.max_len),
-            "duration": pad_lists(table.column("duration_hist"), lengths, self.max_len) // DURATION_BIN_MIN,
-            "diff": pad_lists(table.column("diff_hist"), lengths, self.max_len),
+            "loc": self.history_np,
+            "time": pad_lists(column("start_min_hist"), lengths, width) // TIME_SLOT_MIN,
+            "weekday": pad_lists(column("weekday_hist"), lengths, width),
+            "duration": pad_lists(column("duration_hist"), lengths, width) // DURATION_BIN_MIN,
+            "diff": pad_lists(column("diff_hist"), lengths, width),
         }
         pin = self.device.type == "cuda"
-        self._all = Batch(  # the whole split as one batch: a batch is a gather from it (Batch.take)
+        return Batch(
             **{k: _to(v, self.device, pin) for k, v in tensors.items()},
             user=_to(self.user_np, self.device, pin),
             lengths=_to(lengths, self.device, pin),

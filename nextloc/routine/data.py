@@ -58,7 +58,8 @@ class RoutineData:
 
     Args:
         routine: the routine over every staypoint of the dataset (centres as of each question's now).
-        candidates: ``split -> CandidateSet``, questions in split order.
+        candidates: ``split -> CandidateSet``, questions in split order (train's: only the questions whose
+            target is a candidate keep theirs, :meth:`CandidateSet.answerable`, what a ranker is fit on).
         targets: ``split -> (N,)`` the target place of each question.
         popularity: ``(V,)`` each place's visits in train (the fallback weights).
         unseen_places: the routine over extended ids (:mod:`nextloc.routine.unseen`).
@@ -66,7 +67,7 @@ class RoutineData:
             split but train).
         queries: ``split -> Queries`` each question.
         windows: ``split -> (N, T)`` each question's places of the 7 days before its now: the new-place
-            head's window.
+            head's window (every split but train).
     """
 
     routine: Routine
@@ -104,13 +105,23 @@ class RoutineData:
         for split, data in samples.items():
             ids = data.table.column("staypoint_id").to_numpy()
             queries[split] = queries_for_targets(log, ids)
-            candidates[split] = CandidateSet.build(routine, queries[split])
-            windows[split] = window_places(log, queries[split], previous_days)
-            if split != "train":  # the head is fit on validation and read on test: train's are never asked
-                unseen[split] = CandidateSet.build(places.routine, queries_for_targets(places.log, ids))
             targets[split] = data.target_np
+            candidates[split] = CandidateSet.build(routine, queries[split])
+            if (
+                split == "train"
+            ):  # only fit on: its rows that carry a ranking signal (the others are never read)
+                candidates[split] = candidates[split].answerable(targets[split])
+                continue
+            # the head is fit on validation and read on test: train's window and unseen places are never asked
+            windows[split] = window_places(log, queries[split], previous_days)
+            unseen[split] = CandidateSet.build(places.routine, queries_for_targets(places.log, ids))
         popularity = place_popularity(locations, num_places)
         return cls(routine, candidates, targets, popularity, places, unseen, queries, windows)
+
+    def index_only(self) -> RoutineData:
+        """The routine and the unseen places' routine (what a registered bundle's tally is read from),
+        without the splits' questions: what is kept once they are answered (their memory grows with the data)."""
+        return RoutineData(self.routine, {}, {}, self.popularity, self.unseen_places, {}, {}, {})
 
     def fit(self, kind: str, seed: int = 0) -> CandidateScorer:
         """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val),

@@ -127,12 +127,22 @@ class CandidateSet:
 
     def ranking_rows(self, target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """LightGBM's ranking data of the questions whose target is a candidate (the others carry no
-        ranking signal): ``(features, labels, group sizes)``."""
+        ranking signal): ``(features, labels, group sizes)``; the features are this set's own array, not a
+        copy, when every row is one (a set of :meth:`answerable` questions)."""
         labels = self.labels(target)
         has_target = np.bincount(self.query, weights=labels, minlength=self.n) > 0
         rows = has_target[self.query]
         groups = np.bincount(self.query[rows], minlength=self.n)[has_target]
+        if rows.all():
+            return self.features, labels, groups
         return self.features[rows], labels[rows], groups
+
+    def answerable(self, target: np.ndarray) -> CandidateSet:
+        """The same questions, only those whose target is a candidate keeping their candidates: the rows
+        :meth:`ranking_rows` fits on, held once (a training split's, which nothing else reads)."""
+        labels = self.labels(target)
+        has_target = np.bincount(self.query, weights=labels, minlength=self.n) > 0
+        return self.candidates_where(has_target[self.query])
 
 
 class CandidateScorer(Protocol):

@@ -84,6 +84,12 @@ class FittedKind:
             return None
         return join_tallies(self.routine_data.routine.tally(), self.routine_data.unseen_places.tally())
 
+    def answered(self) -> FittedKind:
+        """This fit without what only its evaluation reads (its scorers, a routine kind's questions): what is
+        recorded (the model, its tally, ...) stays."""
+        data = None if self.routine_data is None else self.routine_data.index_only()
+        return replace(self, scorers=None, routine_data=data)
+
     def evaluate(self, splits: Mapping[str, SampleTensors]) -> Evaluation:
         """Validation and test metrics: the model chosen on validation gives the validation metrics, the
         tested one (maybe a refit on train + val) the test metrics (:func:`nextloc.evaluation.evaluate.evaluate`)."""

@@ -191,3 +191,22 @@ def test_a_selection_of_questions_keeps_their_candidates_in_order() -> None:
     both = part.concat(rest)
     assert both.n == candidates.n
     assert len(both.query) == len(candidates.query)
+
+
+def test_answerable_questions_keep_the_ranking_rows_once() -> None:
+    """A training split keeps only the candidates of questions whose target is among them: the rows a
+    ranker fits on, the same as the whole set's, and read without a copy."""
+    rng = np.random.default_rng(4)
+    candidates, target = candidate_set(rng, 8, per_query=3)
+    target[[1, 5]] = 40  # not a candidate: no ranking signal
+    answerable = candidates.answerable(target)
+    assert answerable.n == candidates.n
+    assert set(answerable.query) == {0, 2, 3, 4, 6, 7}
+    for got, expected in zip(answerable.ranking_rows(target), candidates.ranking_rows(target), strict=True):
+        np.testing.assert_array_equal(got, expected)
+    assert answerable.ranking_rows(target)[0] is answerable.features
+    ranker = RoutineRanker(0).fit(
+        answerable, target, *candidate_set(np.random.default_rng(5), 8, per_query=3)
+    )
+    whole = RoutineRanker(0).fit(candidates, target, *candidate_set(np.random.default_rng(5), 8, per_query=3))
+    assert ranker.state()["model"] == whole.state()["model"]
