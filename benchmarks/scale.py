@@ -28,6 +28,7 @@ the smallest size's are in ``scaling`` (target: flat within 1.5x). Prints one JS
 
     python benchmarks/scale.py --sizes 1,4,16 --runners local,dask
     python benchmarks/scale.py --quick           # a tiny size (a few thousand fixes a user), seconds
+    python benchmarks/scale.py --sizes 1,4,16 --ranker-only   # steps 1-3 for the ranker alone (issue 48)
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def main() -> int:
         "--quick", action="store_true", help="one tiny size instead of --sizes (a smoke test)"
     )
     parser.add_argument("--no-train", action="store_true", help="skip the short training")
+    parser.add_argument(
+        "--ranker-only",
+        action="store_true",
+        help="preprocess with the first runner only and train only the ranker (on each runner)",
+    )
     parser.add_argument("--dbscan-tiles", type=int, default=4, help="DBSCAN tiles on the Dask runner")
     parser.add_argument("--dask-workers", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "nextloc-scale")
@@ -124,7 +130,7 @@ def _run_size(size: float, runners: list[str], args: argparse.Namespace, env: di
     }
     print(f"[scale] {run['size']}: {n_fixes:,} fixes generated in {gen['wall_s']} s", file=sys.stderr)
     digests = {}
-    for runner in runners:
+    for runner in runners[:1] if args.ranker_only else runners:
         data_dir = root / f"out-{runner}"
         cmd = [
             *me,
@@ -155,13 +161,14 @@ def _run_size(size: float, runners: list[str], args: argparse.Namespace, env: di
         data_dir = root / f"out-{runners[0]}"
         meta = json.loads((data_dir / "metadata.json").read_text())
         run["samples"] = meta["n_samples"]
-        short = ["--model", "markov,mhsa", "--train-set", "max_epochs=1"]
-        run["train"] = {**_train(data_dir, root, short, env, "short"), "models": "markov + mhsa (1 epoch)"}
-        run["train"].update(_per_mfix(run["train"], n_fixes))
+        if not args.ranker_only:
+            short = ["--model", "markov,mhsa", "--train-set", "max_epochs=1"]
+            run["train"] = {**_train(data_dir, root, short, env, "short"), "models": "markov + mhsa (1 epoch)"}
+            run["train"].update(_per_mfix(run["train"], n_fixes))
         for runner in runners:  # the default champion, one seed, on each runner (a fresh copy of the data)
             ranker = _train(data_dir, root, ["--model", "ranker", *_runner_args(runner, args)], env, runner)
             run[f"ranker_{runner}"] = {**ranker, **_per_sample(ranker, meta["n_samples"]["train"])}
-        print(f"[scale] {run['size']} train: {run['train']['wall_s']} s", file=sys.stderr)
+            print(f"[scale] {run['size']} ranker {runner}: {ranker['wall_s']} s", file=sys.stderr)
     if not args.keep_data:
         shutil.rmtree(root, ignore_errors=True)
     return run
