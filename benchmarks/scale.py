@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from flows import OFFLINE_DEFAULTS
+from services import local_api
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from preprocess import _WRAPPER  # noqa: E402  (the one measuring wrapper, benchmarks/preprocess.py)
@@ -103,8 +104,11 @@ def main() -> int:
         "geolife_fixes": GEOLIFE_FIXES,
         "runs": [],
     }
-    for size in sizes:
-        results["runs"].append(_run_size(size, runners, args, env))
+    try:
+        for size in sizes:
+            results["runs"].append(_run_size(size, runners, args, env))
+    finally:  # the trainings' `nextloc train` started the project's local Prefect API in this Prefect home
+        local_api.stop_server(Path(env["PREFECT_HOME"]))
     results["scaling"] = _scaling(results["runs"])
     json.dump(results, sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -163,7 +167,10 @@ def _run_size(size: float, runners: list[str], args: argparse.Namespace, env: di
         run["samples"] = meta["n_samples"]
         if not args.ranker_only:
             short = ["--model", "markov,mhsa", "--train-set", "max_epochs=1"]
-            run["train"] = {**_train(data_dir, root, short, env, "short"), "models": "markov + mhsa (1 epoch)"}
+            run["train"] = {
+                **_train(data_dir, root, short, env, "short"),
+                "models": "markov + mhsa (1 epoch)",
+            }
             run["train"].update(_per_mfix(run["train"], n_fixes))
         for runner in runners:  # the default champion, one seed, on each runner (a fresh copy of the data)
             ranker = _train(data_dir, root, ["--model", "ranker", *_runner_args(runner, args)], env, runner)
