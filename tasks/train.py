@@ -140,10 +140,8 @@ def train_model_task(
         )
         evaluation = fitted.evaluate(splits)
         evaluation.test_copied = copied_samples(catalog.staypoints, splits["test"].table)
-        fitted, splits = (
-            fitted.answered(),
-            None,
-        )  # what only the evaluation read: its memory grows with the data
+        # drop what only the evaluation read (its memory grows with the data)
+        fitted, splits = fitted.answered(), None
         results_json = _results_json(fitted, evaluation, time.perf_counter() - started, run_id)
         _record(_Run(run_id, run_dir, kind, seed, meta, catalog, data), fitted, evaluation, results_json)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume

@@ -17,7 +17,7 @@ trees are refit on train and validation without the block, the same user's quest
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,9 +107,8 @@ class RoutineData:
             queries[split] = queries_for_targets(log, ids)
             targets[split] = data.target_np
             candidates[split] = CandidateSet.build(routine, queries[split])
-            if (
-                split == "train"
-            ):  # only fit on: its rows that carry a ranking signal (the others are never read)
+            # train is only fit on: its rows that carry a ranking signal (the others are never read)
+            if split == "train":
                 candidates[split] = candidates[split].answerable(targets[split])
                 continue
             # the head is fit on validation and read on test: train's window and unseen places are never asked
@@ -121,7 +120,7 @@ class RoutineData:
     def index_only(self) -> RoutineData:
         """The routine and the unseen places' routine (what a registered bundle's tally is read from),
         without the splits' questions: what is kept once they are answered (their memory grows with the data)."""
-        return RoutineData(self.routine, {}, {}, self.popularity, self.unseen_places, {}, {}, {})
+        return replace(self, candidates={}, targets={}, unseen={}, queries={}, windows={})
 
     def fit(self, kind: str, seed: int = 0) -> CandidateScorer:
         """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val),

@@ -129,8 +129,7 @@ class CandidateSet:
         """LightGBM's ranking data of the questions whose target is a candidate (the others carry no
         ranking signal): ``(features, labels, group sizes)``; the features are this set's own array, not a
         copy, when every row is one (a set of :meth:`answerable` questions)."""
-        labels = self.labels(target)
-        has_target = np.bincount(self.query, weights=labels, minlength=self.n) > 0
+        labels, has_target = self._has_target(target)
         rows = has_target[self.query]
         groups = np.bincount(self.query[rows], minlength=self.n)[has_target]
         if rows.all():
@@ -140,9 +139,12 @@ class CandidateSet:
     def answerable(self, target: np.ndarray) -> CandidateSet:
         """The same questions, only those whose target is a candidate keeping their candidates: the rows
         :meth:`ranking_rows` fits on, held once (a training split's, which nothing else reads)."""
+        return self.candidates_where(self._has_target(target)[1][self.query])
+
+    def _has_target(self, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(R,)`` :meth:`labels` and ``(N,)`` whether each question's target is among its candidates."""
         labels = self.labels(target)
-        has_target = np.bincount(self.query, weights=labels, minlength=self.n) > 0
-        return self.candidates_where(has_target[self.query])
+        return labels, np.bincount(self.query, weights=labels, minlength=self.n) > 0
 
 
 class CandidateScorer(Protocol):
