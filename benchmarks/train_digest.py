@@ -9,9 +9,9 @@ the best epoch, the epoch count and the history, with the kernels they ran on
 (:func:`nextloc.training.kernels.kernel_fingerprint`: the CPU, torch's and NumPy's builds and dispatch, the
 overrides; the last bits depend on all of it).
 
-A refactoring of the training loop must leave these unchanged; ``tests/nextloc/training/test_train.py``
-pins them from ``benchmarks/results/train-digest-after.json``: bit for bit where the kernels are the
-recorded ones, within a tolerance elsewhere.
+A refactoring of the training loop must leave these unchanged; ``tests/nextloc/training/test_kernels.py``
+holds them to every recording (this repo's and ``../shared/machines/``'s): bit for bit where the kernels are
+the recorded ones, within a tolerance elsewhere.
 """
 
 from __future__ import annotations

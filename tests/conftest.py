@@ -49,9 +49,10 @@ os.environ["NEXTLOC_MAP_TILES"] = "off"
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--digests",
-        default=str(REPO / "benchmarks" / "results" / "train-digest-after.json"),
-        help="the recording of the recipes' results to hold training to (benchmarks/train_digest.py's JSON): "
-        "bit for bit where its kernels are this process's, within a tolerance elsewhere",
+        default=None,
+        help="one more recording of the recipes' results (benchmarks/train_digest.py's JSON) to hold training "
+        "to, beside the repo's and ../shared/machines/': bit for bit where its kernels are this process's, "
+        "within a tolerance elsewhere",
     )
 
 

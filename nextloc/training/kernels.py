@@ -4,7 +4,7 @@ The last bits of a training run depend on more than torch's capability name: two
 ``AVX512`` run different oneDNN/MKL code paths (vendor, microarchitecture, the ISA each library picks for
 itself), and ``DNNL_MAX_CPU_ISA`` changes the bits without changing the name. :func:`kernel_fingerprint`
 records all of it; results may be compared bit for bit only where :func:`same_kernels` says every field is
-equal, and within a tolerance elsewhere (``tests/nextloc/training/test_train.py``).
+equal, and within a tolerance elsewhere (``tests/nextloc/training/test_kernels.py``).
 """
 
 from __future__ import annotations

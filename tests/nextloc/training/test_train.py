@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import importlib.util
-import json
 import logging
 from pathlib import Path
 
@@ -20,7 +17,6 @@ from nextloc.models.batch import SampleTensors, by_length
 from nextloc.models.dropout import PCG64Dropout
 from nextloc.models.registry import kind as kind_entry
 from nextloc.models.registry import training_recipe
-from nextloc.training.kernels import kernel_fingerprint, same_kernels
 from nextloc.training.optim import pointer_lr
 from nextloc.training.train import (
     REFIT_CHECKPOINT,
@@ -567,74 +563,3 @@ def test_a_misspelt_training_choice_fails_before_any_work_naming_it(option, valu
         ValueError, match=rf"pointer_plus: training option {option}='{value}': expected one of \[{allowed}\]"
     ):
         check_kind_overrides("pointer_plus", {}, {option: value})
-
-
-# --- the recipes' results, pinned -------------------------------------------------------------------
-
-DIGEST_SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "train_digest.py"
-# recorded on another Xeon that also reports AVX512, with the same torch: its bits are not this machine's
-ANOTHER_XEON = Path(__file__).resolve().parents[2] / "golden" / "train-digest-another-xeon.json"
-
-
-@pytest.fixture(scope="module")
-def digest_script():
-    spec = importlib.util.spec_from_file_location("train_digest", DIGEST_SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def recorded_digests(request) -> dict:
-    """The recording the recipes are held to: ``--digests PATH``, by default ``benchmarks/results/train-digest-after.json``."""
-    return json.loads(Path(request.config.getoption("--digests")).read_text())
-
-
-@pytest.mark.parametrize("setup", ["mhsa", "mhsa_drops", "pointer", "pointer_plus", "lstm"])
-def test_each_recipes_results_are_the_recorded_ones(setup, digest_script, recorded_digests):
-    """Tiny deterministic runs of each recipe (``benchmarks/train_digest.py``) give the recorded weights
-    (sha256) and history bit for bit where the kernels are proved the recorded ones (CPU vendor, model and
-    ISA, torch and its MKL/oneDNN, NumPy's dispatch, the overrides: ``nextloc.training.kernels``), and the
-    history within 1e-5 (relative) elsewhere: a change of a recipe's results is caught, another machine's
-    kernels are not (they move the last bits, about 2e-7 relative)."""
-    want = recorded_digests["runs"][setup]
-    got = digest_script.run_setup(setup)
-    assert (got["epochs"], got["best_epoch"]) == (want["epochs"], want["best_epoch"])
-    if same_kernels(recorded_digests["kernels"]):
-        assert got["history"] == want["history"]
-        assert got["weights_sha256"] == want["weights_sha256"]
-    else:
-        assert [sorted(r) for r in got["history"]] == [sorted(r) for r in want["history"]]
-        for got_record, want_record in zip(got["history"], want["history"], strict=True):
-            assert got_record == pytest.approx(want_record, rel=1e-5)
-
-
-def test_bits_are_compared_only_where_every_kernel_field_is_the_recorded_one():
-    """Another CPU model, stepping or ISA with the same capability name, another MKL/oneDNN build, an ISA
-    override or an unknown CPU each take the tolerant path; only the very same kernels compare bits."""
-    here = kernel_fingerprint()
-    assert same_kernels(copy.deepcopy(here), here)
-    changes = {
-        "another CPU model": lambda k: k["cpu"].update(model="143", **{"model name": "Xeon Platinum 8480+"}),
-        "another stepping": lambda k: k["cpu"].update(stepping="8"),
-        "another vendor": lambda k: k["cpu"].update(vendor_id="AuthenticAMD"),
-        "fewer ISA flags": lambda k: k["cpu"].update(isa=k["cpu"]["isa"][:-1]),
-        "another oneDNN": lambda k: k.update(torch_libraries=["Intel(R) MKL-DNN v3.0.0"]),
-        "oneDNN held to another ISA": lambda k: k["env"].update(
-            DNNL_MAX_CPU_ISA="SSE41" if k["env"].get("DNNL_MAX_CPU_ISA") == "AVX2" else "AVX2"
-        ),
-        "NumPy held back": lambda k: k.update(numpy_dispatch=k["numpy_dispatch"][1:]),
-        "an unknown CPU": lambda k: k.update(cpu=None),
-    }
-    if here["cpu"] is None:  # this machine's CPU cannot be read: nothing is proved, ever
-        assert not same_kernels(copy.deepcopy(here), here)
-        return
-    for name, change in changes.items():
-        recorded = copy.deepcopy(here)
-        change(recorded)
-        assert recorded["torch_cpu_capability"] == here["torch_cpu_capability"]
-        assert not same_kernels(recorded, here), name
-    another_xeon = json.loads(ANOTHER_XEON.read_text())["kernels"]
-    assert not same_kernels(another_xeon, here)
