@@ -30,6 +30,7 @@ from runtime import compat
 from services import local_api
 from services.auth import PIPELINE, READER, use_credentials
 from tracking.access import ServiceRefused, check_prefect
+from tracking.versions import ModelNotFound
 
 log = logging.getLogger("nextloc.cli")
 #: Whose credentials (``.services/auth/<identity>.env``, where the environment has none) each command uses.
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if IDENTITIES.get(args.command) == (PIPELINE,) and api:
             check_prefect(api)  # a refused credential named now, not as a traceback from the flow
         return args.func(args)
-    except (ValueError, FileNotFoundError, ServiceRefused) as err:
+    except (ValueError, FileNotFoundError, ServiceRefused, ModelNotFound) as err:
         log.error("%s", err)
         return 2
     finally:

@@ -88,19 +88,16 @@ def serve_registered(
     kind: str, alias: str, port: int, tracking_uri: str | None, experiment: str, timeout_s: float = 300.0
 ) -> int:
     """``nextloc serve``: serve ``models:/nextloc-<kind>@<alias>`` until Ctrl-C; the exit code (0: stopped
-    by the user, 1: the server failed; a missing model raises ``ValueError``)."""
+    by the user, 1: the server failed; a missing model raises
+    :class:`tracking.versions.ModelNotFound`)."""
     from tracking import mlflow_runs, versions
-    from tracking.registered import model_uri
+    from tracking.registered import model_uri, require_store
 
     uri = tracking_uri or mlflow_runs.default_tracking_uri()
+    require_store(uri, kind)
     mlflow_runs.configure(uri, experiment)
     model = model_uri(kind, alias)
-    version = versions.alias_version(kind, alias)
-    if version is None:
-        raise ValueError(
-            f"{model} does not exist in {uri}: train and register the kind first (`nextloc train --model "
-            f"{kind}`), or name another --alias/--tracking-uri"
-        )
+    version = versions.require_version(kind, alias, uri)
     cmd, env = server_command(model, port, uri)
     log.info("starting MLflow's scoring server for %s (version %s) on %s:%d", model, version, HOST, port)
     # Ctrl-C and SIGTERM both stop the server: SIGINT explicitly too, since a process started in the

@@ -25,7 +25,7 @@ import pandas as pd
 from nextloc.evaluation.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.evaluation.metrics import HEADLINE
 from runtime.locking import registry_lock
-from tracking.store import REGISTERED_PREFIX, default_tracking_uri
+from tracking.store import REGISTERED_PREFIX, default_tracking_uri, redact
 
 logger = logging.getLogger(__name__)
 
@@ -408,7 +408,7 @@ def copy_store(source_uri: str, target_uri: str, batch: int = 5_000) -> dict[str
                     counts[table.name] = n
             if dst.dialect.name == "postgresql":
                 _advance_sequences(write, tables)
-        logger.info("copied MLflow store %s -> %s: %s", _redact(source_uri), _redact(target_uri), counts)
+        logger.info("copied MLflow store %s -> %s: %s", redact(source_uri), redact(target_uri), counts)
         return counts
     finally:
         src.dispose()
@@ -433,13 +433,6 @@ def _advance_sequences(conn: Any, tables: list) -> None:
                     ),
                     {"s": seq},
                 )
-
-
-def _redact(uri: str) -> str:
-    """A store URI without its password, for logs."""
-    import sqlalchemy as sa
-
-    return sa.engine.make_url(uri).render_as_string(hide_password=True)
 
 
 # --- one training's run (tasks/train.py) ---------------------------------------------------------------

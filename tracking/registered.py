@@ -41,15 +41,20 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     importing MLflow (:func:`tracking.versions.local_bundle`); any other is downloaded through MLflow.
 
     Raises:
+        ModelNotFound: the store, the registered model or its alias is not there (:func:`require_store`,
+            :func:`tracking.versions.require_version`), in one line.
         ValueError: the version holds no bundle (a pickled model logged by an early nextloc): reading it
             would run code chosen by whoever logged it, so it is refused, with how to replace it.
     """
-    in_place = versions.local_bundle(kind, alias, tracking_uri or default_tracking_uri())
+    store = tracking_uri or default_tracking_uri()
+    in_place = versions.local_bundle(kind, alias, store)
     if in_place is not None:
         return load_bundle(in_place)
     from tracking import mlflow_runs
 
-    mlflow_runs.configure(tracking_uri, experiment)
+    require_store(store, kind)
+    mlflow_runs.configure(store, experiment)
+    versions.require_version(kind, alias, store)
     uri = model_uri(kind, alias)
     with tempfile.TemporaryDirectory() as tmp:
         folder = versions.download_bundle(uri, Path(tmp))
@@ -61,6 +66,21 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
         f"(`nextloc train --model {kind}`, which registers a bundle and decides the champion) or move the "
         f"alias to a version that has one"
     )
+
+
+def require_store(tracking_uri: str, kind: str) -> None:
+    """A SQLite tracking store must exist before it is read (MLflow would make an empty one).
+
+    Raises:
+        ModelNotFound: the file is missing, naming it and the command that trains ``kind``.
+    """
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri.removeprefix("sqlite:///"))
+        if not db.is_file():
+            raise versions.ModelNotFound(
+                f"no tracking store at {db}: nothing was trained here yet. Train and register the model "
+                f"with `nextloc train --model {kind}` (or `make run`), or name the store with --tracking-uri"
+            )
 
 
 def registered_scores(

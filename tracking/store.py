@@ -4,6 +4,7 @@ the registry before anything else and should not pay for MLflow's import: :func:
 from __future__ import annotations
 
 import os
+import urllib.parse
 from pathlib import Path
 
 REGISTERED_PREFIX = "nextloc-"  # one registered model per kind: tracking.mlflow_runs.registered_name
@@ -23,3 +24,12 @@ def default_tracking_uri(root: Path | None = None) -> str:
     base = (root or Path.cwd()).resolve() / "mlruns"
     base.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{base / 'mlflow.db'}"
+
+
+def redact(uri: str) -> str:
+    """A tracking store's URI without its password, for messages and logs."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from nextloc.evaluation.metrics import HEADLINE
-from tracking.store import REGISTERED_PREFIX
+from tracking.store import REGISTERED_PREFIX, redact
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -172,6 +172,47 @@ def alias_version(kind: str, alias: str) -> str | None:
         )
         return str(found.version)
     return None
+
+
+class ModelNotFound(LookupError):
+    """A registered model, alias or tracking store that is not there; its message is one line for a person."""
+
+
+def require_version(kind: str, alias: str, tracking_uri: str) -> str:
+    """The version of ``nextloc-<kind>`` that ``alias`` names in the configured store (``tracking_uri``).
+
+    Raises:
+        ModelNotFound: there is no such version: which model and alias were looked for, in which store, which
+            models the store holds, and the command that trains the one asked for.
+    """
+    version = alias_version(kind, alias)
+    if version is not None:
+        return version
+    from tracking import mlflow_runs
+
+    held = held_models()
+    holds = "; ".join(
+        f"{name} ({', '.join(f'{a}: v{v}' for a, v in aliases.items()) or 'no alias'})"
+        for name, aliases in held.items()
+    )
+    looked_for = (
+        f"{mlflow_runs.registered_name(kind)}@{alias}"
+        if not alias.isdigit()
+        else (f"{mlflow_runs.registered_name(kind)} version {alias}")
+    )
+    raise ModelNotFound(
+        f"no {looked_for} in the tracking store {redact(tracking_uri)}; it holds "
+        f"{holds or 'no nextloc model'}. Train and register it with `nextloc train --model {kind}`"
+        + (" (the champion alias follows the best version)" if alias == CHAMPION else "")
+    )
+
+
+def held_models() -> dict[str, dict[str, str]]:
+    """The registered nextloc models of the configured store: name -> {alias: version}, names sorted."""
+    from mlflow import MlflowClient
+
+    found = MlflowClient().search_registered_models(filter_string=f"name LIKE '{REGISTERED_PREFIX}%'")
+    return {model.name: dict(sorted(model.aliases.items())) for model in sorted(found, key=lambda m: m.name)}
 
 
 def move_champion(kind: str, version: str) -> None:

@@ -84,8 +84,10 @@ def two_histories(store, tmp_path_factory) -> Path:
 
 
 def nextloc(*args: str, uri: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The command line; a wide terminal, so that a message is one line as the code wrote it."""
     cmd = [sys.executable, "-m", "commands.main", *args, "--tracking-uri", uri, "--experiment", "test"]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=check, timeout=300)
+    env = {**os.environ, "COLUMNS": "500"}
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=check, timeout=300, env=env)
 
 
 def test_registered_models_are_code_and_plain_weights(store, tmp_path):
@@ -636,3 +638,53 @@ def test_the_in_place_registry_read_answers_as_mlflow_download(store, two_histor
     visits = pd.DataFrame(json.loads(two_histories.read_text())["dataframe_records"])
     for history in (visits, visits[visits["user_id"] == 73], visits[visits["user_id"] == 5555]):
         assert predict_visits(fast, history, k=5) == predict_visits(downloaded, history, k=5)
+
+
+@pytest.mark.parametrize(
+    ("command", "options"),
+    [
+        ("predict", ["--history", "HISTORY"]),
+        ("evaluate", ["--data-dir", "DATA"]),
+        ("serve", ["--port", "PORT", "--timeout", "30"]),
+    ],
+)
+def test_a_model_that_is_not_there_is_one_line(store, two_histories, command, options):
+    """Every command that loads a registered model, asked for a kind this store never trained: one line
+    naming the model and alias, the store, the models it does hold and the command that trains the one
+    asked for; exit 2, no traceback, no work."""
+    data_dir, uri = store
+    values = {"HISTORY": str(two_histories), "DATA": str(data_dir), "PORT": str(_free_port())}
+    args = [values.get(option, option) for option in options]
+    result = nextloc(command, "--model", "mhsa", *args, uri=uri, check=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    (line,) = [line for line in result.stderr.splitlines() if "nextloc-mhsa" in line]
+    assert "nextloc-mhsa@champion" in line
+    assert uri in line
+    for held in (
+        "nextloc-markov (champion: v1)",
+        "nextloc-pointer_plus",
+        "nextloc-ranker",
+        "nextloc-ranker_refit",
+    ):
+        assert held in line
+    assert "`nextloc train --model mhsa`" in line
+
+
+def test_a_version_or_a_store_that_is_not_there_is_one_line(store, two_histories, tmp_path):
+    """Another version of a model the store holds, and a store that does not exist (left uncreated)."""
+    _, uri = store
+    history = ["--history", str(two_histories)]
+    version = nextloc("predict", "--model", "ranker", "--alias", "99", *history, uri=uri, check=False)
+    assert version.returncode == 2
+    assert "Traceback" not in version.stderr
+    assert "no nextloc-ranker version 99 in the tracking store" in version.stderr
+    assert "nextloc-ranker (champion: v1)" in version.stderr
+    missing = tmp_path / "nowhere" / "mlflow.db"
+    store_uri = f"sqlite:///{missing}"
+    result = nextloc("evaluate", "--model", "ranker", "--data-dir", str(tmp_path), uri=store_uri, check=False)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"no tracking store at {missing}" in result.stderr
+    assert "`nextloc train --model ranker`" in result.stderr
+    assert not missing.exists()
