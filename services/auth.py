@@ -47,6 +47,13 @@ ADMIN_PASSWORD = "MLFLOW_AUTH_ADMIN_PASSWORD"
 FLASK_SECRET = "MLFLOW_FLASK_SERVER_SECRET_KEY"
 #: What the pipeline's MLflow user may do: everything on every experiment and registered model.
 PIPELINE_GRANTS = ("experiment", "registered_model")
+#: Seconds the tracking server trusts a credential it verified. MLflow's basic-auth app otherwise runs its
+#: password hash (a deliberately slow KDF) on every request: about 0.35 s of a core per request here
+#: (BENCHMARKS.md), for credentials that are random tokens, not guessable passwords. A password changed
+#: or a user deleted through MLflow's API drops the cached entry at once (the server runs one worker);
+#: a refused credential is never cached.
+AUTH_CACHE_S = 60
+AUTH_CACHE_VARIABLE = "NEXTLOC_MLFLOW_AUTH_CACHE_S"
 
 
 def _secret() -> str:
@@ -103,14 +110,29 @@ def prefect_server_env(services: Services) -> dict[str, str]:
     return {"PREFECT_SERVER_API_AUTH_STRING": credentials(services, PIPELINE)[PREFECT_AUTH]}
 
 
+def auth_cache_seconds() -> int:
+    """How long the tracking server trusts a credential it has verified (``$NEXTLOC_MLFLOW_AUTH_CACHE_S``,
+    default :data:`AUTH_CACHE_S`; 0 verifies every request).
+
+    Raises:
+        ValueError: the variable is not a whole number of seconds from 0 to 3600, naming it.
+    """
+    text = os.environ.get(AUTH_CACHE_VARIABLE, str(AUTH_CACHE_S))
+    if not text.strip().isdigit() or not 0 <= int(text) <= 3600:
+        raise ValueError(f"{AUTH_CACHE_VARIABLE}={text!r}: expected whole seconds from 0 to 3600")
+    return int(text)
+
+
 def mlflow_server_env(services: Services, auth_database_uri: str) -> dict[str, str]:
     """The tracking server's side: its ``basic_auth.ini`` (written here, 0600: the database URI holds the
-    PostgreSQL password), the admin's password and the Flask secret key."""
+    PostgreSQL password; MLflow's verified-credential cache on, :func:`auth_cache_seconds`), the admin's
+    password and the Flask secret key."""
     config = services.auth_folder / "basic_auth.ini"
     write_private(
         config,
         "[mlflow]\ndefault_permission = READ\n"
-        f"database_uri = {auth_database_uri}\nadmin_username = {MLFLOW_ADMIN}\n",
+        f"database_uri = {auth_database_uri}\nadmin_username = {MLFLOW_ADMIN}\n"
+        f"auth_cache_ttl_seconds = {auth_cache_seconds()}\n",
     )
     own = credentials(services, SERVER_SECRETS)
     return {"MLFLOW_AUTH_CONFIG_PATH": str(config.resolve()), **own}

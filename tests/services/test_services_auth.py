@@ -381,3 +381,29 @@ def test_mlflow_answers_only_its_own_host_names(team_services):
         with urllib.request.urlopen(ok, timeout=30) as response:
             assert response.status == 200
     assert os.environ.get("NEXTLOC_SERVICES_HOST") in (None, "127.0.0.1")
+
+
+def test_a_verified_credential_is_cached_but_a_changed_password_is_refused_at_once(team_services, state):
+    """The tracking server trusts a credential it verified for a while (MLflow's credential cache, so that
+    its slow password hash runs once, not on every request), and never a refused one: a password changed
+    through MLflow's API is refused at the next request, the new one accepted; then it is put back."""
+    s = team_services
+    config = (s.root / ".services" / "auth" / "basic_auth.ini").read_text()
+    assert f"auth_cache_ttl_seconds = {auth.AUTH_CACHE_S}\n" in config
+    secrets = auth.read_env_file(s.root / ".services" / "auth" / f"{auth.SERVER_SECRETS}.env")
+    admin = f"{auth.MLFLOW_ADMIN}:{secrets[auth.ADMIN_PASSWORD]}"
+    user, old = s.reader[access.MLFLOW_USERNAME], s.reader[access.MLFLOW_PASSWORD]
+    read = f"{s.mlflow}/api/2.0/mlflow/experiments/get?experiment_id={state['experiment']}"
+    for _ in range(2):  # verified, then answered from the cache
+        assert _request("GET", read, None, "reader", f"{user}:{old}")[0] == 200
+    assert _request("GET", read, None, "wrong password", f"{user}:{old}x")[0] == 401
+    change = f"{s.mlflow}/api/2.0/mlflow/users/update-password"
+    new = old + "-changed"
+    try:
+        assert _request("PATCH", change, {"username": user, "password": new}, "admin", admin)[0] == 200
+        assert _request("GET", read, None, "reader (old password)", f"{user}:{old}")[0] == 401
+        assert _request("GET", read, None, "reader (new password)", f"{user}:{new}")[0] == 200
+    finally:
+        assert _request("PATCH", change, {"username": user, "password": old}, "admin", admin)[0] == 200
+    assert _request("GET", read, None, "reader", f"{user}:{old}")[0] == 200
+    assert _request("GET", read, None, "reader (new password)", f"{user}:{new}")[0] == 401
