@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +94,9 @@ def _plain_mlflow(store_uri: str, port: int, log: Path) -> subprocess.Popen:
 def _wait(url: str, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            if time_calls(url, "GET", "/health", None, {}, 1)["status"] == [200]:
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+            if answer.status == 200:
                 return
-        except OSError:
-            pass
         time.sleep(0.5)
     raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
 
@@ -104,6 +104,7 @@ def _wait(url: str, timeout_s: float = 120.0) -> None:
 def measure(cache_s: int, calls: int, plain: bool) -> dict[str, Any]:
     """Start the services with ``cache_s``, time every endpoint, stop them."""
     root = Path(tempfile.mkdtemp(prefix="nextloc-auth-latency-"))
+    root.chmod(0o755)  # as root, PostgreSQL runs as the postgres user, which must reach .services/pg
     ports = {name: str(_free_port()) for name in ("PREFECT", "MLFLOW", "PG")}
     env = {**os.environ, **{f"NEXTLOC_{k}_PORT": v for k, v in ports.items()}, "PYTHONPATH": str(REPO)}
     env.update(NEXTLOC_MLFLOW_AUTH_CACHE_S=str(cache_s), NEXTLOC_SERVICES_BACKEND="postgres")
