@@ -48,7 +48,7 @@ FLASK_SECRET = "MLFLOW_FLASK_SERVER_SECRET_KEY"
 #: What the pipeline's MLflow user may do: everything on every experiment and registered model.
 PIPELINE_GRANTS = ("experiment", "registered_model")
 #: Seconds the tracking server trusts a credential it verified. MLflow's basic-auth app otherwise runs its
-#: password hash (a deliberately slow KDF) on every request: about 0.35 s of a core per request here
+#: password hash (a deliberately slow KDF) on every request: about 0.43 s of a core per request here
 #: (BENCHMARKS.md), for credentials that are random tokens, not guessable passwords. A password changed
 #: or a user deleted through MLflow's API drops the cached entry at once (the server runs one worker);
 #: a refused credential is never cached.
