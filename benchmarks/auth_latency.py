@@ -26,7 +26,6 @@ import contextlib
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,15 +41,10 @@ sys.path.insert(0, str(REPO))
 
 from services import auth  # noqa: E402
 from services.layout import MLFLOW_DB, Services  # noqa: E402
+from services.processes import free_port_env, free_ports  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SEARCH = ("POST", "/api/2.0/mlflow/experiments/search", {"max_results": 10})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _basic(user_password: str) -> dict[str, str]:
@@ -105,8 +99,7 @@ def measure(cache_s: int, calls: int, plain: bool) -> dict[str, Any]:
     """Start the services with ``cache_s``, time every endpoint, stop them."""
     root = Path(tempfile.mkdtemp(prefix="nextloc-auth-latency-"))
     root.chmod(0o755)  # as root, PostgreSQL runs as the postgres user, which must reach .services/pg
-    ports = {name: str(_free_port()) for name in ("PREFECT", "MLFLOW", "PG")}
-    env = {**os.environ, **{f"NEXTLOC_{k}_PORT": v for k, v in ports.items()}, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, **free_port_env(), "PYTHONPATH": str(REPO)}
     env.update(NEXTLOC_MLFLOW_AUTH_CACHE_S=str(cache_s), NEXTLOC_SERVICES_BACKEND="postgres")
     for key in ("PREFECT_API_URL", "NEXTLOC_DB_URL", "NEXTLOC_TRACKING_URI", "MLFLOW_TRACKING_URI"):
         env.pop(key, None)
@@ -116,7 +109,8 @@ def measure(cache_s: int, calls: int, plain: bool) -> dict[str, Any]:
     )
     if started.returncode != 0:
         raise RuntimeError(f"services did not start: {started.stderr[-2000:]}")
-    services = Services(root, int(ports["PREFECT"]), int(ports["MLFLOW"]), int(ports["PG"]), "postgres", None)
+    ports = [int(env[f"NEXTLOC_{name}_PORT"]) for name in ("PREFECT", "MLFLOW", "PG")]
+    services = Services(root, *ports, backend="postgres", db_url=None)
     result: dict[str, Any] = {"cache_s": cache_s}
     try:
         result.update(_time_services(services, calls))
@@ -148,7 +142,7 @@ def _time_services(services: Services, calls: int) -> dict[str, Any]:
 
 
 def _time_plain(services: Services, calls: int, root: Path) -> dict[str, Any]:
-    port = _free_port()
+    port = free_ports(1)[0]
     server = _plain_mlflow(services.database_url(MLFLOW_DB, "psycopg"), port, root / "plain-mlflow.log")
     try:
         _wait(f"http://127.0.0.1:{port}")

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from typing import Any
 
 from services import auth
 from services.layout import Services
+from services.processes import free_port_env
 from tracking import access
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,12 +72,6 @@ RECORDER_RACE = re.compile(
 RECORDER_LOST = re.compile(
     r"Duplicate task_run, discarding event|Error flushing \d+ events \(\d+ to retry, [1-9]\d* dropped"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 #: HTTP errors this script met, by status code (its own requests, retried as Prefect's client does).
@@ -151,9 +145,7 @@ def run_load(
     env = {
         **os.environ,
         "NEXTLOC_SERVICES_BACKEND": backend,
-        "NEXTLOC_PREFECT_PORT": str(_free_port()),
-        "NEXTLOC_MLFLOW_PORT": str(_free_port()),
-        "NEXTLOC_PG_PORT": str(_free_port()),
+        **free_port_env(),
         "NEXTLOC_SERVE_LIMIT": str(runs + 2),
         "PREFECT_HOME": str(root / ".prefect"),
         "PYTHONPATH": str(REPO),

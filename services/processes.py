@@ -8,15 +8,33 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from services.layout import Services
+from services.layout import HOST, Services
 
 log = logging.getLogger("nextloc.cli")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 now, for servers about to start there: each socket is
+    held until all are bound, so no two are the same (ports asked for one at a time can be)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def free_port_env() -> dict[str, str]:
+    """The services' port variables (``NEXTLOC_PREFECT_PORT``, ``NEXTLOC_MLFLOW_PORT``, ``NEXTLOC_PG_PORT``:
+    :class:`services.layout.Services`) set to three distinct free ports: services started beside others."""
+    names = ("NEXTLOC_PREFECT_PORT", "NEXTLOC_MLFLOW_PORT", "NEXTLOC_PG_PORT")
+    return dict(zip(names, map(str, free_ports(len(names))), strict=True))
 
 
 def write_private(path: Path, text: str) -> None:
@@ -29,7 +47,8 @@ def write_private(path: Path, text: str) -> None:
 
 
 def running_pid(services: Services, name: str) -> int | None:
-    """The pid of a running service (from its pid file), or None."""
+    """The pid of a running service (from its pid file), or None. A service this process started and that
+    has exited is reaped here: until then it would answer ``kill(pid, 0)`` as a zombie."""
     try:
         pid = int(services.pid_file(name).read_text().strip())
     except (FileNotFoundError, ValueError):
@@ -40,6 +59,9 @@ def running_pid(services: Services, name: str) -> int | None:
         return None
     except PermissionError:
         return pid
+    with contextlib.suppress(ChildProcessError):  # not this process's child: its parent reaps it
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # this process started it, and it has exited
+            return None
     return pid
 
 

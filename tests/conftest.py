@@ -406,13 +406,10 @@ class TeamServices:
 
 
 def _team_env(root: Path) -> dict[str, str]:
-    import socket
+    from services.processes import free_port_env
 
     env = {**os.environ, "PREFECT_HOME": str(root / ".prefect"), "PYTHONPATH": str(REPO)}
-    for name in ("PREFECT", "MLFLOW", "PG"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            env[f"NEXTLOC_{name}_PORT"] = str(s.getsockname()[1])
+    env.update(free_port_env())
     for key in ("PREFECT_API_URL", "NEXTLOC_DB_URL", "NEXTLOC_TRACKING_URI", "MLFLOW_TRACKING_URI"):
         env.pop(key, None)
     for key in ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from flows import OFFLINE_DEFAULTS
-from services.processes import post_json
+from services.processes import free_ports, post_json
 from services.supervisor import MLFLOW_SERVER_ENV
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
@@ -49,12 +48,6 @@ CHROME_FLAGS = (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
@@ -109,7 +102,7 @@ def stack(sample_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     root = tmp_path_factory.mktemp("browser")
     (root / "mlruns" / "artifacts").mkdir(parents=True)
     tracking_uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
-    prefect_port, mlflow_port = _free_port(), _free_port()
+    prefect_port, mlflow_port = free_ports(2)
     prefect_url, mlflow_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{mlflow_port}"
     env = {
         **os.environ,
@@ -234,7 +227,7 @@ def network_browser() -> Iterator[object]:
 @pytest.fixture
 def free_port() -> int:
     """A port nothing listens on now, on 127.0.0.1."""
-    return _free_port()
+    return free_ports(1)[0]
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import pytest
 
 import services as svc_module
 from services import auth
-from services.processes import post_json, write_private
+from services.processes import free_port_env, post_json, write_private
 from tracking import access
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
@@ -36,12 +35,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 NEXTLOC = str(Path(sys.executable).parent / "nextloc")
 RUNS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _folder(prefix: str) -> Path:
@@ -125,13 +118,13 @@ def test_two_workers_share_a_burst_and_mlflow_holds_everything(sample_dir, tmp_p
     env = {**os.environ, "PYTHONPATH": str(REPO), "NEXTLOC_TORCH_THREADS": "1"}
     for key in ("PREFECT_API_URL", "NEXTLOC_DB_URL", "NEXTLOC_TRACKING_URI", "MLFLOW_TRACKING_URI"):
         env.pop(key, None)
-    ports = {p: str(_free_port()) for p in ("PREFECT", "MLFLOW", "PG")}
-    env.update({f"NEXTLOC_{p}_PORT": port for p, port in ports.items()})
+    env.update(free_port_env())
     try:
         svc_module.postgres_bin_dir()
     except RuntimeError:
         env["NEXTLOC_SERVICES_BACKEND"] = "sqlite"
-    api, mlflow_url = f"http://127.0.0.1:{ports['PREFECT']}/api", f"http://127.0.0.1:{ports['MLFLOW']}"
+    api = f"http://127.0.0.1:{env['NEXTLOC_PREFECT_PORT']}/api"
+    mlflow_url = f"http://127.0.0.1:{env['NEXTLOC_MLFLOW_PORT']}"
     services_env = {**env, "PREFECT_HOME": str(services / ".prefect")}
     started = subprocess.run(
         [NEXTLOC, "services", "start", "--no-worker"],

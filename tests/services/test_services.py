@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,19 +23,13 @@ import pytest
 
 import services as services_module
 from services import auth
-from services.processes import post_json
+from services.processes import free_port_env, post_json
 from tracking import access
 
 _post = functools.partial(post_json, timeout_s=30)  # a slow server under load still answers
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _deployment_run(root: Path, env: dict[str, str], *params: str, watch_timeout: int = 600):
@@ -72,9 +65,7 @@ def services():
     root.chmod(0o755)
     env = {
         **os.environ,
-        "NEXTLOC_PREFECT_PORT": str(_free_port()),
-        "NEXTLOC_MLFLOW_PORT": str(_free_port()),
-        "NEXTLOC_PG_PORT": str(_free_port()),
+        **free_port_env(),
         "PREFECT_HOME": str(root / ".prefect"),
     }
     env.pop("PREFECT_API_URL", None)

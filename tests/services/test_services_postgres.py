@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import pytest
 
 import services as svc_module
 from services import auth
-from services.processes import post_json
+from services.processes import free_port_env, free_ports, post_json
 from tracking import access
 
 pytestmark = pytest.mark.slow
@@ -49,12 +48,6 @@ if not _postgres_available():
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _project_dir() -> Path:
     """A project folder the ``postgres`` user can reach (mode 0755 under /tmp)."""
     root = Path(tempfile.mkdtemp(prefix="nextloc-pg-", dir="/tmp"))
@@ -65,9 +58,7 @@ def _project_dir() -> Path:
 def _env(root: Path, **extra: str) -> dict[str, str]:
     env = {
         **os.environ,
-        "NEXTLOC_PREFECT_PORT": str(_free_port()),
-        "NEXTLOC_MLFLOW_PORT": str(_free_port()),
-        "NEXTLOC_PG_PORT": str(_free_port()),
+        **free_port_env(),
         "PREFECT_HOME": str(root / ".prefect"),
         "PYTHONPATH": str(REPO),
         **extra,
@@ -331,7 +322,7 @@ def test_root_runs_postgres_as_an_unprivileged_user_and_says_when_it_cannot(tmp_
     """PostgreSQL refuses root: the server runs as ``postgres``; a folder closed to it is a clear error."""
     closed = tmp_path / "project"  # pytest's temporary root is mode 0700: closed to other users
     closed.mkdir()
-    services = svc_module.Services(closed, pg_port=_free_port(), backend="postgres", db_url=None)
+    services = svc_module.Services(closed, pg_port=free_ports(1)[0], backend="postgres", db_url=None)
     with pytest.raises(RuntimeError, match="runs as user 'postgres' .* cannot reach"):
         svc_module.start_postgres(services, timeout_s=30)
     assert svc_module.running_pid(services, "postgres") is None
