@@ -90,14 +90,12 @@ def serve_registered(
     """``nextloc serve``: serve ``models:/nextloc-<kind>@<alias>`` until Ctrl-C; the exit code (0: stopped
     by the user, 1: the server failed; a missing model raises
     :class:`tracking.versions.ModelNotFound`)."""
-    from tracking import mlflow_runs, versions
-    from tracking.registered import model_uri, require_store
+    from tracking import mlflow_runs
+    from tracking.registered import model_uri, registered_version
 
     uri = tracking_uri or mlflow_runs.default_tracking_uri()
-    require_store(uri, kind)
-    mlflow_runs.configure(uri, experiment)
+    version = registered_version(kind, alias, uri, experiment)
     model = model_uri(kind, alias)
-    version = versions.require_version(kind, alias, uri)
     cmd, env = server_command(model, port, uri)
     log.info("starting MLflow's scoring server for %s (version %s) on %s:%d", model, version, HOST, port)
     # Ctrl-C and SIGTERM both stop the server: SIGINT explicitly too, since a process started in the

@@ -41,8 +41,8 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     importing MLflow (:func:`tracking.versions.local_bundle`); any other is downloaded through MLflow.
 
     Raises:
-        ModelNotFound: the store, the registered model or its alias is not there (:func:`require_store`,
-            :func:`tracking.versions.require_version`), in one line.
+        ModelNotFound: the store, the registered model or its alias is not there
+            (:func:`registered_version`), in one line.
         ValueError: the version holds no bundle (a pickled model logged by an early nextloc): reading it
             would run code chosen by whoever logged it, so it is refused, with how to replace it.
     """
@@ -50,11 +50,7 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     in_place = versions.local_bundle(kind, alias, store)
     if in_place is not None:
         return load_bundle(in_place)
-    from tracking import mlflow_runs
-
-    require_store(store, kind)
-    mlflow_runs.configure(store, experiment)
-    versions.require_version(kind, alias, store)
+    registered_version(kind, alias, store, experiment)
     uri = model_uri(kind, alias)
     with tempfile.TemporaryDirectory() as tmp:
         folder = versions.download_bundle(uri, Path(tmp))
@@ -68,12 +64,15 @@ def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment:
     )
 
 
-def require_store(tracking_uri: str, kind: str) -> None:
-    """A SQLite tracking store must exist before it is read (MLflow would make an empty one).
+def registered_version(kind: str, alias: str, tracking_uri: str, experiment: str) -> str:
+    """Point MLflow at ``tracking_uri`` and return the version of ``nextloc-<kind>`` that ``alias`` names.
 
     Raises:
-        ModelNotFound: the file is missing, naming it and the command that trains ``kind``.
+        ModelNotFound: a SQLite store that does not exist (not created: MLflow would make an empty one), or
+            no such version (:func:`tracking.versions.require_version`), in one line naming what to run.
     """
+    from tracking import mlflow_runs
+
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri.removeprefix("sqlite:///"))
         if not db.is_file():
@@ -81,6 +80,8 @@ def require_store(tracking_uri: str, kind: str) -> None:
                 f"no tracking store at {db}: nothing was trained here yet. Train and register the model "
                 f"with `nextloc train --model {kind}` (or `make run`), or name the store with --tracking-uri"
             )
+    mlflow_runs.configure(tracking_uri, experiment)
+    return versions.require_version(kind, alias, tracking_uri)
 
 
 def registered_scores(
