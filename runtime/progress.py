@@ -1,11 +1,11 @@
 """Progress on the terminal for long fan-outs: one bar per step instead of one log line per task run.
 
-A cold run on the full data used to print 364 ``Task run 'ingest user 042' - Finished in state
-Completed()`` lines. :func:`quiet_task_runs_on_console` keeps those routine lines out of the console
-(they still reach the Prefect API, so the UI shows every task run and its logs; warnings and errors still
-print), and :func:`track` shows a bar while a step's futures finish: per-user ingestion and staypoints,
-and the trainings of a flow run. Bars draw only on a terminal (``NEXTLOC_PROGRESS=0`` turns them off);
-elsewhere, as in CI logs, the step's one summary line is what is printed.
+:func:`quiet_task_runs_on_console` keeps the routine ``Task run 'ingest user 042' - Finished in state
+Completed()`` lines out of the console (they still reach the Prefect API, so the UI shows every task run
+and its logs; warnings and errors still print), and :func:`track` shows a bar while a step's futures
+finish: per-user ingestion and staypoints, and the trainings of a flow run. Bars draw only on a terminal
+(``NEXTLOC_PROGRESS=0`` turns them off); elsewhere, as in CI logs, the step's one summary line is what is
+printed.
 """
 
 from __future__ import annotations

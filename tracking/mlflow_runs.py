@@ -2,7 +2,7 @@
 leaderboard on the parent run, store copies) and :mod:`tracking.versions` (registering and describing a
 version, a registered version's bundle, the ``champion`` alias and the records of its decisions).
 
-Nothing happens at import, and MLflow (about 2 s to import) is imported in the functions that call it: a
+Nothing happens at import, and MLflow (slow to import) is imported in the functions that call it: a
 cached rerun that has nothing to record (:mod:`runtime.reruns`) never imports it. ``configure()`` chooses the backend explicitly: by default a SQLite store
 ``mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` (MLflow >= 3.7 changed its implicit
 default; the file store is in maintenance mode).

@@ -7,14 +7,15 @@ on CUDA or in evaluation). The trainer attaches a :class:`PCG64Dropout` for trai
 :func:`drawing_from`; all the model's :class:`Dropout` modules then draw from that one generator, in the
 order the forward pass calls them.
 
-Why PCG64: on a CPU, ``F.dropout``'s ``bernoulli_`` is a serial Mersenne-Twister loop, about a quarter of a
-pointer training step; a NumPy PCG64 stream gives four 16-bit draws per 64-bit output for about a tenth of
-that cost. An element is kept when its draw is below ``t = round((1 - p) * 65536)`` and kept elements are
-scaled by ``65536 / t``: the drop rate is ``p`` to within ``2**-17`` (0.1 -> 0.1000061) and the expected
-output is exactly the input. These are not ``F.dropout``'s masks, so it is a changed recipe, kept where its
-validation means matched the reference's (:mod:`nextloc.training.train`). The draws never touch torch's generators,
-so they mix with a training step's other random draws (the pointer's unknown-place augmentation). The
-output is ``x * noise``, a mul as in ``F.dropout``, so the gradient is the noise.
+Why PCG64: on a CPU, ``F.dropout``'s ``bernoulli_`` is a serial Mersenne-Twister loop, a large share of a
+pointer training step; a NumPy PCG64 stream gives four 16-bit draws per 64-bit output at a fraction of that
+cost (BENCHMARKS.md). An element is kept when its draw is below ``t = round((1 - p) * 65536)`` and kept
+elements are scaled by ``65536 / t``: the drop rate is ``p`` to within ``2**-17`` (0.1 -> 0.1000061) and the
+expected output is exactly the input. These are not ``F.dropout``'s masks, so it is a changed recipe, used
+only where the 5-seed validation means stay within 0.3 points of the reference's
+(:mod:`nextloc.training.train`). The draws never touch torch's generators, so they mix with a training
+step's other random draws (the pointer's unknown-place augmentation). The output is ``x * noise``, a mul as
+in ``F.dropout``, so the gradient is the noise.
 """
 
 from __future__ import annotations

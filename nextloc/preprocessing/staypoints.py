@@ -8,7 +8,7 @@ latitudes of the *unique* fixes, summed in the same order). ``tests/nextloc/prep
 that equality against trackintel itself on real GeoLife users.
 
 The per-fix loop is sequential by nature (each anchor depends on the previous decision), so it is written
-as numba kernels (:mod:`nextloc.preprocessing.staypoint_kernels`, imported on first use): about 100x faster than
+as numba kernels (:mod:`nextloc.preprocessing.staypoint_kernels`, imported on first use) rather than
 trackintel's Python loop.
 
 It also computes, per user, the time extent of trackintel's ``between_staypoints`` triplegs (the

@@ -18,7 +18,7 @@ validates them on construction here, and its readers read them back):
 
 Decision: CSV (the default) goes through trackintel's own writers, so trackintel's CSV readers read it
 (``ti.read_staypoints_csv(path, index_col="id")``); GeoParquet is geopandas' (``gpd.read_parquet`` then
-``ti.Staypoints(...)``), exact coordinates and about ten times smaller. Every file is written atomically.
+``ti.Staypoints(...)``), exact coordinates and much smaller files. Every file is written atomically.
 """
 
 from __future__ import annotations

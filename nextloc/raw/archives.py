@@ -12,8 +12,8 @@ callers. Decisions:
   out, device files); its :class:`tarfile.FilterError` names the member and is raised as it is, so
   callers catch :data:`UNSAFE_MEMBER_ERRORS`. The compressed stream is then read to its end so that its
   checksum (gzip, bz2, xz) is verified: a damaged member header ends a tar early without an error.
-* ``.xz`` tars are decompressed by the ``xz`` program when it is installed (multi-threaded: about 8 s for
-  the full GeoLife data on 2 cores); its failure is an :class:`OSError` naming the archive.
+* ``.xz`` tars are decompressed by the ``xz`` program when it is installed (multi-threaded); its
+  failure is an :class:`OSError` naming the archive.
 * :func:`extract` creates its destination afresh and removes it again if unpacking fails, so the folder
   holds the whole archive or does not exist. Every error it raises carries a note naming the archive
   (the standard library's messages do not).

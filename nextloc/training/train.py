@@ -21,15 +21,14 @@ Recipes (reference-protocol.md section 2):
   chosen on validation (reference) MRR, then a fresh model is trained on train + val for that many epochs
   with the rate annealed over them (more data than the reference budget).
 
-Changes from the reference recipes, each kept because its validation means over 5 seeds stayed within
-0.3 points of the reference's (the numbers are in BENCHMARKS.md and docs/models.md):
+Changes from the reference recipes, for speed on a CPU; each is used only where the 5-seed validation
+means stay within 0.3 points of the reference recipe's (the numbers: BENCHMARKS.md, docs/models.md):
 
 * Batches from length-sorted pools (``bucket``, ``bucket_pool``; :meth:`nextloc.models.batch.SampleTensors.batches`):
   pools of 8 batches for mhsa, 4 for the pointer, 50 for pointer_plus, so far fewer padded tokens per
-  step; the LSTM keeps plain shuffled batches (pools cost it validation loss).
+  step; the LSTM keeps plain shuffled batches.
 * PCG64 dropout masks on a CPU (``dropout_rng="pcg64"``; :mod:`nextloc.models.dropout`) for the pointer
-  recipes and the LSTM: about a tenth of ``F.dropout``'s Mersenne-Twister cost. mhsa keeps ``F.dropout``
-  (its Acc@1 fell with PCG64 masks).
+  recipes and the LSTM; mhsa keeps ``F.dropout``.
 * The LSTM runs one fused call over the padded batch (:mod:`nextloc.models.lstm`), not the packed loop.
 
 ``bucket=False`` and ``dropout_rng="torch"`` together give the reference recipe.
