@@ -18,17 +18,33 @@ import pandas as pd
 import torch
 from torch import nn
 
-from nextloc.evaluation.metrics import DEDUP_KEYS, SET_LEVELS, reliability, set_metrics, set_outcomes
+from nextloc.evaluation.metrics import (
+    DEDUP_KEYS,
+    SET_LEVELS,
+    SET_TOLERANCE,
+    reliability,
+    set_metrics,
+    set_outcomes,
+)
 from nextloc.evaluation.tensor_metrics import MetricAccumulator
 from nextloc.models.batch import Batch, SampleTensors, by_length
-from nextloc.preprocessing.sequences import UNSEEN
-from nextloc.routine.novelty import FEATURE_SETS, FEATURES, NewPlaceHead, novelty_features, with_new_place
+from nextloc.preprocessing.sequences import FIRST_PLACE, UNSEEN
+from nextloc.routine.novelty import (
+    FEATURE_SETS,
+    FEATURES,
+    NewPlaceHead,
+    history_features,
+    novelty_features,
+    with_new_place,
+)
+from nextloc.routine.sparse import SparseAnswers
 
 if TYPE_CHECKING:
     from nextloc.routine.data import RoutineData
     from nextloc.routine.ranking import CandidateScorer
 
-ScoreFn = Callable[[Batch], torch.Tensor]
+# a batch's answers: (B, V) scores over the vocabulary, or a routine kind's sparse answers
+ScoreFn = Callable[[Batch], torch.Tensor | SparseAnswers]
 
 
 @dataclass
@@ -111,18 +127,15 @@ def model_scores(model: nn.Module) -> ScoreFn:
         with torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
             return model(batch).float()
 
-    return score
+    return lambda batch: by_length(score, batch)  # length-sorted pieces: the same rows, little padding
 
 
 def routine_scores(data: RoutineData, model: CandidateScorer, split: str, scores: np.ndarray) -> ScoreFn:
-    """Batch -> a routine kind's log-probabilities for the batch's questions of ``split`` (``scores``: its
-    candidates' scores), computed when the batch is scored: a split's ``(N, V)`` never is."""
-
-    def score(batch: Batch) -> torch.Tensor:
-        rows = batch.index.cpu().numpy()
-        return torch.from_numpy(data.log_probabilities(model, split, scores, rows)).to(batch.loc.device)
-
-    return score
+    """Batch -> a routine kind's answers to the batch's questions of ``split`` (``scores``: its candidates'
+    scores) as :class:`~nextloc.routine.sparse.SparseAnswers`: neither a split's ``(N, V)`` nor a batch's
+    ``(B, V)`` is ever held."""
+    tail = data.tail(model)
+    return lambda batch: data.answers(model, split, scores, batch.index.cpu().numpy(), tail)
 
 
 def score_split(
@@ -154,27 +167,70 @@ def score_split(
     covered, sizes = np.zeros((n, levels), dtype=bool), np.zeros((n, levels), dtype=np.int64)
     with torch.no_grad():
         for batch in data.batches(batch_size):
-            scores = by_length(score_fn, batch)  # length-sorted pieces: the same rows, little padding
-            batch_features = novelty_features(scores, _with_window(batch, window)).cpu()
+            answer = score_fn(batch)
+            batch_features = _novelty_features(answer, _with_window(batch, window))
             features.append(batch_features)
             if head is not None:
                 rows, target = batch.index.cpu().numpy(), batch.target.cpu().numpy()
-                x = batch_features.numpy().astype(np.float64)
+                x = batch_features.astype(np.float64)
                 if explore is not None:
                     x = np.column_stack([x, explore[rows]])
-                one = with_new_place(scores.cpu().numpy(), head.predict(x))
-                top_p[rows] = np.exp(one.max(axis=1).astype(np.float64))
-                top_hit[rows] = one.argmax(axis=1) == target
-                covered[rows], sizes[rows] = set_outcomes(np.exp(one.astype(np.float64)), target, SET_LEVELS)
+                one = _with_new_place(answer, head.predict(x))
+                top_p[rows], top_hit[rows], covered[rows], sizes[rows] = _one_outcomes(one, target)
                 if joint:
-                    scores = torch.from_numpy(one).to(scores.device)
-            accumulator.update(scores, batch.target, batch.index)
-    stacked = torch.cat(features).numpy() if features else np.zeros((0, len(FEATURES)), dtype=np.float32)
+                    answer = one
+            _accumulate(accumulator, answer, batch)
+    stacked = np.concatenate(features) if features else np.zeros((0, len(FEATURES)), dtype=np.float32)
     stacked = stacked.astype(np.float64)
     split_features = stacked if explore is None else np.column_stack([stacked, explore])
     if head is None:
         return SplitScores(accumulator, split_features)
     return SplitScores(accumulator, split_features, top_p, top_hit, covered, sizes)
+
+
+def _novelty_features(answer: torch.Tensor | SparseAnswers, batch: Batch) -> np.ndarray:
+    """``(B, len(FEATURES))`` float32: the new-place head's inputs of a batch's answers."""
+    if isinstance(answer, SparseAnswers):
+        loc = batch.loc.cpu().numpy()
+        return np.concatenate([answer.novelty_scores(loc), history_features(loc)], axis=1)
+    return novelty_features(answer, batch).cpu().numpy()
+
+
+def _with_new_place(answer: torch.Tensor | SparseAnswers, p_new: np.ndarray) -> np.ndarray | SparseAnswers:
+    """The one distribution over the known places and "a new place" of a batch's answers."""
+    if isinstance(answer, SparseAnswers):
+        return answer.with_new_place(p_new)
+    return with_new_place(answer.cpu().numpy(), p_new)
+
+
+def _one_outcomes(one: np.ndarray | SparseAnswers, target: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A batch's one distribution read: its top answer's probability and whether it came, whether each
+    answer set at :data:`SET_LEVELS` holds the target and its size."""
+    if isinstance(one, SparseAnswers):
+        top, value = one.top()
+        return (
+            np.exp(value.astype(np.float64)),
+            top == target,
+            *one.set_outcomes(target, SET_LEVELS, SET_TOLERANCE),
+        )
+    top_p, top_hit = np.exp(one.max(axis=1).astype(np.float64)), one.argmax(axis=1) == target
+    return (top_p, top_hit, *set_outcomes(np.exp(one.astype(np.float64)), target, SET_LEVELS))
+
+
+def _accumulate(
+    accumulator: MetricAccumulator, answer: torch.Tensor | np.ndarray | SparseAnswers, batch: Batch
+) -> None:
+    """Add a batch's answers' ranks to ``accumulator``."""
+    if not isinstance(answer, SparseAnswers):
+        scores = torch.as_tensor(answer).to(batch.loc.device)
+        accumulator.update(scores, batch.target, batch.index)
+        return
+    target = batch.target.cpu().numpy()
+    (top1, _), (place_top1, _) = answer.top(), answer.top(FIRST_PLACE)
+    ranks = (answer.ranks(target), top1, answer.ranks(target, FIRST_PLACE), place_top1)
+    accumulator.add(
+        *(torch.from_numpy(np.asarray(r, dtype=np.int64)) for r in ranks), batch.target, batch.index
+    )
 
 
 def _with_window(batch: Batch, window: np.ndarray | None) -> Batch:

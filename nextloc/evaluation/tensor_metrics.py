@@ -125,13 +125,27 @@ class MetricAccumulator:
         Raises:
             ValueError: on mismatched shapes, or when updates with and without ``index`` are mixed.
         """
+        scores = scores.detach()
+        ranks, top1 = target_ranks(scores, target)
+        place, place_top1 = place_ranks(scores, target)
+        self.add(ranks, top1, place, place_top1, target, index)
+
+    def add(
+        self,
+        ranks: torch.Tensor,
+        top1: torch.Tensor,
+        place: torch.Tensor,
+        place_top1: torch.Tensor,
+        target: torch.Tensor,
+        index: torch.Tensor | None = None,
+    ) -> None:
+        """Add one batch's ranks, computed elsewhere with :func:`target_ranks` and :func:`place_ranks`' rule
+        (a routine kind's sparse answers: :meth:`nextloc.routine.sparse.SparseAnswers.ranks`); arguments as
+        :meth:`update`, each ``(B,)``."""
         if index is not None and len(index) != len(target):
             raise ValueError(f"{len(index)} indices for {len(target)} targets")
         if (index is None and self._index) or (index is not None and self._without_index):
             raise ValueError("pass index in every update or in none")
-        scores = scores.detach()
-        ranks, top1 = target_ranks(scores, target)
-        place, place_top1 = place_ranks(scores, target)
         batch = {
             "ranks": ranks,
             "top1": top1,

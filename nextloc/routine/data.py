@@ -35,7 +35,9 @@ from nextloc.routine.ranking import (
     RoutineRanker,
     RoutineRule,
     log_probabilities,
+    question_rows,
 )
+from nextloc.routine.sparse import SparseAnswers, Tail
 from nextloc.routine.unseen import UnseenPlaces
 from nextloc.routine.visits import MINUTES_PER_DAY, Queries, VisitLog, queries_for_targets, window_places
 
@@ -185,6 +187,20 @@ class RoutineData:
         candidates = self.candidates[split]
         scores = model.scores(candidates) if scores is None else scores
         return log_probabilities(candidates, scores, self.popularity, model.calibration, rows)
+
+    def tail(self, model: CandidateScorer) -> Tail:
+        """The places ``model``'s answers do not name, grouped by fallback weight (:meth:`answers`)."""
+        return Tail.of(self.popularity, model.calibration)
+
+    def answers(
+        self, model: CandidateScorer, split: str, scores: np.ndarray, rows: np.ndarray, tail: Tail
+    ) -> SparseAnswers:
+        """:meth:`log_probabilities` of questions ``rows`` of ``split`` as :class:`SparseAnswers` (``tail``:
+        :meth:`tail` of ``model``): ``(B, candidates + levels)``, not ``(B, V)``."""
+        candidates = self.candidates[split]
+        query, pick = question_rows(candidates.query, np.asarray(rows, dtype=np.int64))
+        place, picked = candidates.place[pick], np.asarray(scores)[pick]
+        return SparseAnswers.of_candidates(tail, query, place, picked, len(rows), model.calibration)
 
     def explore(
         self,

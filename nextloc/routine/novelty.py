@@ -119,18 +119,31 @@ def novelty_features_numpy(scores: np.ndarray, loc: np.ndarray) -> np.ndarray:
     top = places.max(axis=-1) if places.shape[1] else np.zeros(len(probs), np.float32)
     valid = loc != PAD
     rows = np.broadcast_to(np.arange(len(loc))[:, None], loc.shape)
-    seen = np.zeros(probs.shape, dtype=bool)
-    seen[rows[valid], loc[valid]] = True
-    in_history = seen.copy()
+    in_history = np.zeros(probs.shape, dtype=bool)
+    in_history[rows[valid], loc[valid]] = True
     in_history[:, :FIRST_PLACE] = False
     mass = (probs * in_history).sum(axis=-1) / np.maximum(
         probs[:, FIRST_PLACE:].sum(axis=-1), np.float32(1e-12)
     )
+    columns = [probs[:, UNSEEN], entropy, top, mass]
+    scores_part = np.stack([np.asarray(c, dtype=np.float32) for c in columns], axis=-1)
+    return np.concatenate([scores_part, history_features(loc)], axis=-1)
+
+
+def history_features(loc: np.ndarray) -> np.ndarray:
+    """``(B, 4)`` float32 the head's inputs read from the histories alone (:data:`FEATURES`' last four:
+    the share of new places, whether the last was one, the share of distinct classes, the log length), from
+    ``loc`` ``(B, T)``, right-padded with 0."""
+    loc = np.asarray(loc, dtype=np.int64)
+    valid = loc != PAD
     length = np.maximum(valid.sum(axis=-1), 1).astype(np.float32)
     unseen_share = ((loc == UNSEEN) & valid).sum(axis=-1).astype(np.float32) / length
     last = loc[np.arange(len(loc)), length.astype(np.int64) - 1]
-    distinct = seen[:, 1:].sum(axis=-1).astype(np.float32) / length
-    columns = [probs[:, UNSEEN], entropy, top, mass, unseen_share, (last == UNSEEN), distinct, np.log(length)]
+    ordered = np.sort(np.where(valid, loc, PAD), axis=-1)
+    first_of_kind = np.ones(ordered.shape, dtype=bool)
+    first_of_kind[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    distinct = (first_of_kind & (ordered != PAD)).sum(axis=-1).astype(np.float32) / length
+    columns = [unseen_share, (last == UNSEEN), distinct, np.log(length)]
     return np.stack([np.asarray(c, dtype=np.float32) for c in columns], axis=-1)
 
 

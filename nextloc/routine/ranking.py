@@ -327,7 +327,7 @@ def log_probabilities(
     """
     q, place, n = candidates.query, candidates.place, candidates.n
     if rows is not None:
-        q, pick = _questions(q, np.asarray(rows, dtype=np.int64))
+        q, pick = question_rows(q, np.asarray(rows, dtype=np.int64))
         place, scores, n = place[pick], np.asarray(scores)[pick], len(rows)
     calibration = calibration or Calibration()
     scores = np.asarray(scores, dtype=np.float64) / calibration.temperature
@@ -346,7 +346,7 @@ def log_probabilities(
     return out.astype(np.float32).reshape(n, v)
 
 
-def _questions(query: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def question_rows(query: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The candidates of questions ``rows`` (``query`` ascending, as a :class:`CandidateSet`'s): their new
     question numbers ``0..B-1`` and their positions in the set, question by question in ``rows``' order."""
     lo = np.searchsorted(query, rows, side="left")
