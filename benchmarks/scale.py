@@ -82,13 +82,17 @@ def main() -> int:
     parser.add_argument("--dask-workers", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "nextloc-scale")
     parser.add_argument("--keep-data", action="store_true", help="keep each size's files (default: delete)")
+    parser.add_argument(
+        "--visits-above", type=float, default=16, help="sizes above this generate visits, not fixes"
+    )
+    parser.add_argument("--visits", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=["generate", "preprocess"], help=argparse.SUPPRESS)
     parser.add_argument("--size", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--runner", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "generate":
-        return _generate(args.size, args.out, args.quick)
+        return _generate(args.size, args.out, args.quick, args.visits)
     if args.worker == "preprocess":
         return _preprocess(args.out, args.runner, args.dask_workers, args.dbscan_tiles)
 
@@ -120,19 +124,23 @@ def _run_size(size: float, runners: list[str], args: argparse.Namespace, env: di
     root = args.work_dir / f"size-{size:g}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    fixes_file = root / "fixes.parquet"
+    visits = size > args.visits_above  # the disk holds visits, not fixes, above it
+    input_file = root / ("visits.parquet" if visits else "fixes.parquet")
     me = [sys.executable, __file__] + (["--quick"] if args.quick else [])
-    gen = _measure([*me, "--worker", "generate", "--size", str(size), "--out", str(fixes_file)], env)
+    generate = [*me, "--worker", "generate", "--size", str(size), "--out", str(input_file)]
+    gen = _measure(generate + (["--visits"] if visits else []), env)
     n_fixes = gen.pop("positionfixes")
     run: dict = {
         "size": "quick" if args.quick else f"{size:g}x",
         "users": gen.pop("users"),
         "days": gen.pop("days"),
+        "input": "visits" if visits else "fixes",
         "fixes": n_fixes,
-        "input_mb": round(fixes_file.stat().st_size / 2**20, 1),
+        "visits": gen.pop("visits"),
+        "input_mb": round(input_file.stat().st_size / 2**20, 1),
         "generate": {**gen, **_per_mfix(gen, n_fixes)},
     }
-    print(f"[scale] {run['size']}: {n_fixes:,} fixes generated in {gen['wall_s']} s", file=sys.stderr)
+    print(f"[scale] {run['size']}: {run['input']} generated in {gen['wall_s']} s", file=sys.stderr)
     digests = {}
     for runner in runners[:1] if args.ranker_only else runners:
         data_dir = root / f"out-{runner}"
@@ -189,6 +197,9 @@ def _train(data_dir: Path, root: Path, options: list[str], env: dict[str, str], 
     nextloc = str(Path(sys.executable).with_name("nextloc"))
     tracking = ["--tracking-uri", f"sqlite:///{root / f'mlflow-{name}.db'}", "--experiment", "nextloc-scale"]
     measured = _measure([nextloc, "train", "--data-dir", str(copy), *options, *tracking], env)
+    results = copy / "results" / "ranker" / "seed0" / "results.json"  # where the ranker's time went
+    if results.is_file():
+        measured["stage_seconds"] = json.loads(results.read_text()).get("stage_seconds")
     shutil.rmtree(copy, ignore_errors=True)
     return measured
 
@@ -208,8 +219,8 @@ def _per_sample(measured: dict, n_train: int) -> dict:
     }
 
 
-def _generate(size: float, out: Path, quick: bool) -> int:
-    """Worker: stream the synthetic fixes of one size into one parquet file."""
+def _generate(size: float, out: Path, quick: bool, visits: bool = False) -> int:
+    """Worker: stream the synthetic fixes (or ``visits``) of one size into one parquet file."""
     sys.path.insert(0, str(REPO))
     from nextloc.synth import ParquetSink, SynthConfig, generate
 
@@ -217,10 +228,9 @@ def _generate(size: float, out: Path, quick: bool) -> int:
         config = SynthConfig(n_users=4, n_days=80, moving_interval_s=120.0, staying_interval_s=900.0)
     else:
         config = SynthConfig(n_users=max(1, round(GEOLIFE_USERS * size)), n_days=DAYS)
-    counts = generate(config, "parquet", out, sink=ParquetSink(out, row_group_rows=1 << 20))
-    print(
-        json.dumps({"users": config.n_users, "days": config.n_days, "positionfixes": counts["positionfixes"]})
-    )
+    sink = None if visits else ParquetSink(out, row_group_rows=1 << 20)
+    counts = generate(config, "visits" if visits else "parquet", out, sink=sink)
+    print(json.dumps({"days": config.n_days, **counts}))
     return 0
 
 
@@ -236,10 +246,11 @@ def _preprocess(data_dir: Path, runner: str, dask_workers: int, dbscan_tiles: in
 
     flow(name="warm-up-api")(lambda: None)()  # the temporary API's start, not the pipeline's
     start = time.time()
+    visits = data_dir.parent / "visits.parquet"
     result = preprocess.with_options(task_runner=make_task_runner(runner, dask_workers))(
-        raw_dir=str(data_dir.parent / "fixes.parquet"),
+        raw_dir=str(visits if visits.is_file() else data_dir.parent / "fixes.parquet"),
         data_dir=str(data_dir),
-        input_format="parquet",
+        input_format="visits" if visits.is_file() else "parquet",
         dbscan_tiles=dbscan_tiles,
     )
     end = time.time()
@@ -389,8 +400,10 @@ def _measure(cmd: list[str], env: dict[str, str]) -> dict:
 
 
 def _per_mfix(measured: dict, n_fixes: int) -> dict:
-    """Wall and CPU seconds per million fixes."""
-    m = max(n_fixes, 1) / 1e6
+    """Wall and CPU seconds per million fixes (none without fixes: visits were read)."""
+    if not n_fixes:
+        return {}
+    m = n_fixes / 1e6
     out = {"wall_s_per_mfix": round(measured["wall_s"] / m, 3)}
     if "cpu_s" in measured:
         out["cpu_s_per_mfix"] = round(measured["cpu_s"] / m, 3)
@@ -408,7 +421,7 @@ def _scaling(runs: list[dict]) -> dict:
         for stage in STAGES:
             entries[stage] = [r.get(key, {}).get("stages", {}).get(stage) for r in runs]
         for stage, per_size in entries.items():
-            if not all(per_size):
+            if not all(e and "wall_s_per_mfix" in e for e in per_size):
                 continue
             base = per_size[0]
             name = key if stage == "whole" else f"{key}.{stage}"

@@ -138,11 +138,14 @@ def train_model_task(
         mlflow_runs.log_training(
             {"model": kind, "seed": seed, "device": str(dev), **fitted.params}, fitted.history
         )
+        fitted_at = time.perf_counter()
         evaluation = fitted.evaluate(splits)
+        stages = _stage_seconds(fitted, fitted_at - started, time.perf_counter() - fitted_at)
         evaluation.test_copied = copied_samples(catalog.staypoints, splits["test"].table)
         # drop what only the evaluation read (its memory grows with the data)
         fitted, splits = fitted.answered(), None
         results_json = _results_json(fitted, evaluation, time.perf_counter() - started, run_id)
+        results_json["stage_seconds"] = stages
         _record(_Run(run_id, run_dir, kind, seed, meta, catalog, data), fitted, evaluation, results_json)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
     logger.info(
@@ -157,6 +160,13 @@ def train_model_task(
         fitted.selected_epoch,
     )
     return {"kind": kind, "seed": seed, "run_id": run_id, "results": results_json}
+
+
+def _stage_seconds(fitted: FittedKind, fit: float, evaluate: float) -> dict[str, float]:
+    """Where a training's time went: ``build`` (a routine kind's questions and their candidates), ``fit``
+    (the rest of fitting), ``evaluate``; :func:`_record` adds ``record`` (files, MLflow, the bundle)."""
+    build = float(fitted.timing.get("build_seconds", 0.0))
+    return {"build": round(build, 2), "fit": round(fit - build, 2), "evaluate": round(evaluate, 2)}
 
 
 def _results_json(fitted: FittedKind, evaluation: Evaluation, seconds: float, run_id: str) -> dict[str, Any]:
@@ -187,7 +197,7 @@ def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json:
     The metrics come after the model: MLflow links a run's step-0 metrics to a model logged after them by
     inserting them again, which a database store answers with a duplicate-key error (``metric_pk``).
     """
-    run_dir, catalog = run.run_dir, run.catalog
+    run_dir, catalog, started = run.run_dir, run.catalog, time.perf_counter()
     write_json(results_json, run_dir / "results.json")
     write_json(evaluation.head.to_dict(), run_dir / "new_place_head.json")
     write_parquet(evaluation.per_sample(), run_dir / "test_per_sample.parquet")
@@ -203,6 +213,8 @@ def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json:
         {"model_uri": model_uri, "registered_version": version, "holds_tally": tally is not None}
     )
     versions.describe_version(run.kind, version, run.seed, run.data.fingerprint, results_json)
+    if "stage_seconds" in results_json:
+        results_json["stage_seconds"]["record"] = round(time.perf_counter() - started, 2)
     write_json(results_json, run_dir / "results.json")
 
 

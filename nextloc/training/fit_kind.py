@@ -11,6 +11,7 @@ This module imports torch; the train task imports it only when a model trains (a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -238,6 +239,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
     questions (``files``: the final staypoints, the location vocabulary, the located staypoints)."""
     config = PreprocessConfig.model_validate(meta["config"])
     staypoints, locations, located = files
+    started = time.perf_counter()
     data = RoutineData.build(
         pd.read_parquet(staypoints),
         pd.read_parquet(locations),
@@ -247,6 +249,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
         config.samples.previous_days,
         read_located(located),
     )
+    built = time.perf_counter() - started
     selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
     selection_val = selection.scores(data.candidates["val"])
     head_val, val_unseen, model = selection_val, None, selection
@@ -277,6 +280,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
         model=model,
         params=params,
         selection_model=selection if model is not selection else None,
+        timing={"build_seconds": built},
         routine_data=data,
         scorers=scorers,
     )

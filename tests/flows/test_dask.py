@@ -84,7 +84,7 @@ def test_tile_map_is_the_builtin_map_off_dask():
     assert tile_map() is map
 
 
-VOLATILE = {"train_seconds", "mlflow_run_id", "model_uri", "registered_version"}
+VOLATILE = {"train_seconds", "stage_seconds", "mlflow_run_id", "model_uri", "registered_version"}
 
 
 def _trained(data_dir: Path) -> dict[str, object]:

@@ -122,6 +122,19 @@ def test_registered_models_are_code_and_plain_weights(store, tmp_path):
         ]
 
 
+def test_a_training_records_where_its_time_went(store):
+    """results.json says how long each stage of a training took: a routine kind's questions (``build``),
+    the fit, the evaluation and the recording (files, MLflow, the bundle)."""
+    data_dir, _ = store
+    for kind in ("markov", "ranker"):
+        results = json.loads((data_dir / "results" / kind / "seed0" / "results.json").read_text())
+        stages = results["stage_seconds"]
+        assert set(stages) == {"build", "fit", "evaluate", "record"}, kind
+        assert all(seconds >= 0 for seconds in stages.values()), kind
+        assert (stages["build"] > 0) == (kind == "ranker")  # only a routine kind builds questions
+        assert sum(stages.values()) <= results["train_seconds"] + stages["record"] + 0.05
+
+
 @pytest.mark.parametrize("kind", ["markov", "ranker", "ranker_refit"])
 def test_registered_model_scores_as_when_trained(store, kind):
     """The champion loaded back from its bundle (the champion rule and `nextloc evaluate` load it this way)
