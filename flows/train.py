@@ -22,10 +22,12 @@ from runtime.reruns import Settled, read_settled, settled_key, write_settled
 from runtime.runners import training_runner
 from tasks.promotion import (
     DEFAULT_DECISION_METRIC,
+    DEFAULT_MATCH_RADIUS_M,
     DEFAULT_MIN_EFFECT,
     DEFAULT_PROMOTE_METRIC,
     DecisionMetric,
     PromoteMetric,
+    PromotionRule,
     champion_challenger,
 )
 from tasks.train import DataRef, ModelKind, TrackingConfig, train_model_task
@@ -55,7 +57,7 @@ def train(
     promote_metric: PromoteMetric = DEFAULT_PROMOTE_METRIC,
     decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
     min_effect: Annotated[float, Field(ge=0)] = DEFAULT_MIN_EFFECT,
-    match_radius_m: Annotated[float, Field(gt=0)] = 50.0,
+    match_radius_m: Annotated[float, Field(gt=0)] = DEFAULT_MATCH_RADIUS_M,
     promote: bool = True,
 ) -> dict[str, Any]:
     """Train, evaluate (best checkpoint) and register each model; decide each kind's champion.
@@ -94,14 +96,16 @@ def train(
         catalog = Catalog(data.data_dir)
         task = train_model_task.with_options(result_storage=catalog.cache)
         cached = [current_result(task, call, catalog.cache) for call in calls]
-        rule = {
-            "decision_metric": decision_metric,
-            "promote_metric": promote_metric,
-            "match_radius_m": match_radius_m,
-            "min_effect": min_effect,
-            "kinds": list(dict.fromkeys(models)) if promote else [],
-        }
-        settled = _settled(catalog, cached, rule, tracking_cfg) if all(hit for hit, _ in cached) else None
+        rule = PromotionRule(
+            promote_metric=promote_metric,
+            decision_metric=decision_metric,
+            min_effect=min_effect,
+            match_radius_m=match_radius_m,
+        )
+        decided = list(dict.fromkeys(models)) if promote else []  # the kinds whose champion is decided
+        settled = (
+            _settled(catalog, cached, rule, decided, tracking_cfg) if all(h for h, _ in cached) else None
+        )
         if settled is not None:
             results = [value for _, value in cached]
             outcome = {
@@ -112,9 +116,9 @@ def train(
             outcome["experiment_id"] = settled.experiment_id
         else:
             outcome, results = _record_and_decide(
-                task, calls, cached, rule, data, tracking_cfg, models, seeds
+                task, calls, cached, rule, decided, data, tracking_cfg, models, seeds
             )
-            _remember(catalog, results, rule, tracking_cfg, outcome)
+            _remember(catalog, results, rule, decided, tracking_cfg, outcome)
         board = leaderboard([(r["kind"], r["results"]) for r in results])
         _log_outcome(board, outcome)
         return {**outcome, "leaderboard": board, "runs": results, "data": data}
@@ -124,7 +128,8 @@ def _record_and_decide(
     task: Any,
     calls: list[dict[str, Any]],
     cached: list[tuple[bool, Any]],
-    rule: dict[str, Any],
+    rule: PromotionRule,
+    decided: list[str],
     data: DataRef,
     tracking_cfg: TrackingConfig,
     models: list[str],
@@ -140,9 +145,9 @@ def _record_and_decide(
         calls = [{**call, "parent_run_id": parent_id} for call in calls]
         results = _run_trainings(task, calls, cached)
         board = leaderboard([(r["kind"], r["results"]) for r in results])
-        args = (rule["decision_metric"], rule["promote_metric"], tracking_cfg, parent_id)
-        more = (rule["match_radius_m"], rule["min_effect"])
-        decisions = {k: champion_challenger(k, results, data, *args, *more) for k in rule["kinds"]}
+        decisions = {
+            kind: champion_challenger(kind, results, data, rule, tracking_cfg, parent_id) for kind in decided
+        }
         mlflow_runs.log_leaderboard(parent_id, board, results, decisions)
         log_comparison(parent_id, board)
     outcome = {"parent_run_id": parent_id, "promotion": decisions, "experiment_id": experiment_id}
@@ -150,32 +155,42 @@ def _record_and_decide(
 
 
 def _settled(
-    catalog: Catalog, cached: list[tuple[bool, Any]], rule: dict[str, Any], tracking_cfg: TrackingConfig
+    catalog: Catalog,
+    cached: list[tuple[bool, Any]],
+    rule: PromotionRule,
+    decided: list[str],
+    tracking_cfg: TrackingConfig,
 ) -> Settled | None:
     """The record of the run that recorded these cached trainings and decided on them, if every champion is
     still where it left it (:mod:`runtime.reruns`)."""
-    return read_settled(catalog, _rerun_key(catalog, [value for _, value in cached], rule, tracking_cfg))
+    results = [value for _, value in cached]
+    return read_settled(catalog, _rerun_key(catalog, results, rule, decided, tracking_cfg))
 
 
 def _remember(
     catalog: Catalog,
     results: list[dict[str, Any]],
-    rule: dict[str, Any],
+    rule: PromotionRule,
+    decided: list[str],
     tracking_cfg: TrackingConfig,
     outcome: dict[str, Any],
 ) -> None:
     """Record where these results and decisions are, keyed on the champions as the decisions left them."""
     settled = Settled(outcome["parent_run_id"], outcome["experiment_id"], outcome["promotion"])
-    write_settled(catalog, _rerun_key(catalog, results, rule, tracking_cfg), settled)
+    write_settled(catalog, _rerun_key(catalog, results, rule, decided, tracking_cfg), settled)
 
 
 def _rerun_key(
-    catalog: Catalog, results: list[dict[str, Any]], rule: dict[str, Any], tracking_cfg: TrackingConfig
+    catalog: Catalog,
+    results: list[dict[str, Any]],
+    rule: PromotionRule,
+    decided: list[str],
+    tracking_cfg: TrackingConfig,
 ) -> str:
-    """:func:`runtime.reruns.settled_key` with the champions as they are now."""
+    """:func:`runtime.reruns.settled_key` with the champions of the ``decided`` kinds as they are now."""
     uri, experiment = tracking_cfg.tracking_uri or default_tracking_uri(), tracking_cfg.experiment
-    champions = champion_versions(rule["kinds"], uri, experiment)
-    return settled_key(catalog, results, champions, rule, uri, experiment)
+    champions = champion_versions(decided, uri, experiment)
+    return settled_key(catalog, results, champions, rule, decided, uri, experiment)
 
 
 def _log_outcome(board: dict[str, Any], outcome: dict[str, Any]) -> None:

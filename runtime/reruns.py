@@ -14,6 +14,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from nextloc.atomic import write_text_atomic
 from nextloc.fingerprint import hash_file, hash_text
 from runtime.caching import library_fingerprint
@@ -35,16 +37,18 @@ def settled_key(
     catalog: Catalog,
     runs: list[dict[str, Any]],
     champions: dict[str, str | None],
-    rule: dict[str, Any],
+    rule: BaseModel,
+    decided: list[str],
     tracking_uri: str,
     experiment: str,
 ) -> str:
-    """The key of a rerun's record: see the module docstring for what it reads."""
+    """The key of a rerun's record: see the module docstring for what it reads (``rule``: the champion rule,
+    :class:`tasks.promotion.PromotionRule`; ``decided``: the kinds it decides)."""
     report = catalog.ingest_report
     payload = {
         "runs": [run["run_id"] for run in runs],
         "champions": champions,
-        "rule": rule,
+        "rule": {**rule.model_dump(), "kinds": decided},
         "store": [tracking_uri, experiment],
         "ingest_report": hash_file(report) if report.is_file() else None,
         "library": library_fingerprint(),

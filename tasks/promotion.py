@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 from prefect import get_run_logger, task
+from pydantic import BaseModel, ConfigDict, Field
 
 from nextloc.evaluation.champion import champion_decision
 from nextloc.evaluation.leaderboard import decision_text
@@ -48,6 +49,27 @@ DEFAULT_PROMOTE_METRIC = selected_name("place_mrr")
 DEFAULT_DECISION_METRIC = "place_mrr"
 DEFAULT_MIN_EFFECT = 0.5  # points of the decision metric
 DEFAULT_ALPHA = 0.05
+DEFAULT_MATCH_RADIUS_M = 50.0
+
+
+class PromotionRule(BaseModel):
+    """The one champion rule's settings (see the module docstring), checked when made: an unknown metric, a
+    negative effect or a radius that is not positive is refused before any work.
+
+    Attributes:
+        promote_metric: the validation metric that chooses a kind's version among its seeds.
+        decision_metric: the per-sample test metric the challenger must beat the champion on.
+        min_effect: points of ``decision_metric`` the challenger must gain.
+        match_radius_m: a champion trained on earlier data reads today's test places within this radius of
+            its own as its own.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    promote_metric: PromoteMetric = DEFAULT_PROMOTE_METRIC
+    decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC
+    min_effect: Annotated[float, Field(ge=0)] = DEFAULT_MIN_EFFECT
+    match_radius_m: Annotated[float, Field(gt=0)] = DEFAULT_MATCH_RADIUS_M
 
 
 @task(name="champion-challenger", task_run_name="champion vs challenger: {kind}")
@@ -55,21 +77,18 @@ def champion_challenger(
     kind: str,
     runs: list[dict[str, Any]],
     data: DataRef,
-    decision_metric: str,
-    promote_metric: str,
+    rule: PromotionRule,
     tracking_cfg: TrackingConfig,
     parent_run_id: str,
-    match_radius_m: float = 50.0,
-    min_effect: float = DEFAULT_MIN_EFFECT,
     alpha: float = DEFAULT_ALPHA,
 ) -> dict[str, Any]:
-    """Decide whether this run's ``kind`` replaces the ``champion`` (see the module docstring).
+    """Decide whether this run's ``kind`` replaces the ``champion`` by ``rule`` (see the module docstring).
 
     Returns:
         The decision: ``promoted`` (bool), ``reason``, both versions and scores, and with a champion the
         paired test's ``delta``, ``ci_low``, ``ci_high``, ``p_value`` and per-group ``groups``.
     """
-    _check_metrics(decision_metric, promote_metric)
+    decision_metric, promote_metric, min_effect = rule.decision_metric, rule.promote_metric, rule.min_effect
     logger = get_run_logger()
     mlflow_runs.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     mine = [r for r in runs if r["kind"] == kind and r["results"].get("registered_version")]
@@ -95,7 +114,7 @@ def champion_challenger(
             decision = {**head, "champion_version": champion.version, "promoted": False, "reason": reason}
         else:
             head.update(champion_version=champion.version, champion_run_id=champion.run_id)
-            scored = _score_cached(kind, champion, data, decision_metric, match_radius_m, tracking_cfg)
+            scored = _score_cached(kind, champion, data, decision_metric, rule.match_radius_m, tracking_cfg)
             head.update(scored["how"])
             if scored["outcomes"] is None:
                 decision = {
@@ -131,14 +150,6 @@ def _draw_champion(kind: str, version: str, run_id: str, data: DataRef, tracking
         logger.warning("%s v%s: no maps of its answers (%s: %s)", kind, version, type(err).__name__, err)
         return
     logger.info("%s v%s: its run has %s", kind, version, ", ".join(maps) or "no map (no test user to draw)")
-
-
-def _check_metrics(decision_metric: str, promote_metric: str) -> None:
-    """Refuse a metric the rule cannot decide or promote on."""
-    if decision_metric not in DECISION_METRICS:
-        raise ValueError(f"decision_metric {decision_metric!r}: expected one of {list(DECISION_METRICS)}")
-    if promote_metric not in PROMOTE_METRICS:
-        raise ValueError(f"promote_metric {promote_metric!r}: expected one of {list(PROMOTE_METRICS)}")
 
 
 def _best_on_validation(runs: list[dict[str, Any]], promote_metric: str) -> dict[str, Any]:
