@@ -22,10 +22,11 @@ import numpy as np
 import pandas as pd
 
 from nextloc.config import PreprocessConfig
+from nextloc.models import registry
 from nextloc.preprocessing.vocabulary import place_centres, place_popularity
 from nextloc.routine.answerer import RoutineAnswerer
 from nextloc.routine.novelty import NewPlaceHead
-from nextloc.routine.ranking import ROUTINE_KINDS, CandidateScorer, scorer_from_state
+from nextloc.routine.ranking import CandidateScorer, scorer_from_state
 from nextloc.routine.tally import StoredTally
 from nextloc.routine.unseen import split_tally
 from nextloc.storage import write_json, write_parquet, write_with
@@ -122,7 +123,7 @@ def save_bundle(
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if kind in ROUTINE_KINDS:
+    if kind in registry.kinds("routine"):
         spec = _save_routine(folder, kind, model, tally, locations)
     else:
         from nextloc.models.scorer import save_network  # torch: networks and baselines only
@@ -157,7 +158,7 @@ def _save_routine(folder: Path, kind: str, model, tally: pd.DataFrame | None, lo
 
 
 def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, locations) -> RoutineAnswerer:
-    if kind not in ROUTINE_KINDS:
+    if kind not in registry.kinds("routine"):
         raise ValueError(f"{folder / BUNDLE_FILE}: field 'kind' {kind!r} is not a routine kind")
     if locations is None:
         raise ValueError(f"{folder}: a {kind!r} bundle needs {VOCABULARY_DIR}/locations.parquet")

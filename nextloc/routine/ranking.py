@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from nextloc.models import registry
 from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.routine.calibration import Calibration
 from nextloc.routine.counts import grouped_softmax
@@ -64,8 +65,6 @@ RANKER_PARAMS: dict[str, Any] = {
     "num_threads": 1,
     "verbose": -1,
 }
-# the registry's routine kinds (nextloc.models.registry, whose import loads torch: a routine answer needs none)
-ROUTINE_KINDS = ("routine", "ranker", "ranker_refit")
 RANKER_MAX_TREES = 2000
 RANKER_PATIENCE = 100
 
@@ -357,12 +356,8 @@ def question_rows(query: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def scorer_from_state(kind: str, state: dict[str, Any]) -> CandidateScorer:
-    """The inverse of ``model.state()`` for a routine kind."""
-    scorers: dict[str, type[RoutineRule] | type[RoutineRanker]] = {
-        "routine": RoutineRule,
-        "ranker": RoutineRanker,
-        "ranker_refit": RoutineRanker,
-    }
-    if kind not in scorers:
-        raise ValueError(f"unknown routine kind {kind!r}; expected one of {list(ROUTINE_KINDS)}")
-    return scorers[kind].from_state(state)
+    """The inverse of ``model.state()`` for a routine kind (its class: the kind's registry entry)."""
+    entry = registry.kind(kind)
+    if entry.family != "routine":
+        raise ValueError(f"{kind!r} is not a routine kind; expected one of {list(registry.kinds('routine'))}")
+    return entry.model_class.from_state(state)

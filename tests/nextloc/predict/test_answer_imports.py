@@ -5,13 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from nextloc.models import registry
-from nextloc.routine.ranking import ROUTINE_KINDS
-
-
-def test_routine_kinds_match_the_registry():
-    assert registry.kinds("routine") == ROUTINE_KINDS
-
 
 def test_answering_imports_no_torch_sklearn_or_lightgbm():
     code = (

@@ -210,3 +210,14 @@ def test_answerable_questions_keep_the_ranking_rows_once() -> None:
     )
     whole = RoutineRanker(0).fit(candidates, target, *candidate_set(np.random.default_rng(5), 8, per_query=3))
     assert ranker.state()["model"] == whole.state()["model"]
+
+
+def test_a_routine_state_is_read_back_by_its_registry_entry_and_another_kind_is_refused() -> None:
+    from nextloc.models import registry
+    from nextloc.routine.ranking import scorer_from_state
+
+    rule = RoutineRule()
+    assert isinstance(scorer_from_state("routine", rule.state()), RoutineRule)
+    with pytest.raises(ValueError, match=r"'markov' is not a routine kind; expected one of \['routine'"):
+        scorer_from_state("markov", {})
+    assert registry.kinds("routine") == ("routine", "ranker", "ranker_refit")
