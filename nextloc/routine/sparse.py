@@ -218,10 +218,9 @@ class SparseAnswers:
         """``(B,)`` the probability of the distinct places of each history."""
         loc = np.asarray(loc, dtype=np.int64)
         ordered = np.sort(loc, axis=1)
-        distinct = (ordered >= FIRST_PLACE) & np.r_[
-            "1", np.ones((len(loc), 1), bool), ordered[:, 1:] != ordered[:, :-1]
-        ]
-        rows, columns = np.nonzero(distinct)
+        first_of_kind = np.ones(ordered.shape, dtype=bool)
+        first_of_kind[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+        rows, columns = np.nonzero(first_of_kind & (ordered >= FIRST_PLACE))
         places = ordered[rows, columns]
         match = self.named[rows] == places[:, None]
         in_named = match.any(axis=1)
