@@ -50,6 +50,10 @@ class Snapshot:
 class EventCounts:
     """Events grouped by an integer key, sorted by time within each key.
 
+    One int64 per event (``code``: the key's rank and the time, from which both are read back), and for an
+    index with values two float64 more (each value and its key's running sum): the routine's indexes hold
+    every visit of a dataset, most of them without values.
+
     Args:
         keys: ``(N,)`` int64 key of each event.
         times: ``(N,)`` int64 time of each event.
@@ -71,12 +75,18 @@ class EventCounts:
         code = dense.astype(np.int64) * self.span + (times - self.t0)
         order = np.argsort(code, kind="stable")
         self.code = code[order]
-        self.times = times[order]
-        self.values = np.zeros(len(times)) if values is None else np.asarray(values, dtype=np.float64)[order]
-        # each key's running sum of its own events alone: a sum before a time reads nothing of later events,
-        # nor of other keys', to the last bit
-        self.running = pd.Series(self.values).groupby(self.code // self.span).cumsum().to_numpy()
+        del code, dense
+        self.values = self.running = np.zeros(0)  # no values: every sum is 0
+        if values is not None:
+            self.values = np.asarray(values, dtype=np.float64)[order]
+            # each key's running sum of its own events alone: a sum before a time reads nothing of later
+            # events, nor of other keys', to the last bit
+            self.running = pd.Series(self.values).groupby(self.code // self.span).cumsum().to_numpy()
         self.base = base if isinstance(base, Snapshot) else Snapshot.from_frame(base)
+
+    def times_at(self, positions: np.ndarray) -> np.ndarray:
+        """``(N,)`` int64: the times of the events at ``positions`` (read back from their codes)."""
+        return self.code[positions] % self.span + self.t0
 
     def _bounds(
         self, keys: np.ndarray, times: np.ndarray, cutoff: np.ndarray | None = None
@@ -134,7 +144,7 @@ class EventCounts:
         lo, hi, _ = self._bounds(keys, times)
         out = self._base(keys, "last", np.nan)
         has = hi > lo
-        out[has] = self.times[hi[has] - 1]
+        out[has] = self.times_at(hi[has] - 1)
         return out
 
     def snapshot(self, with_last: bool = True) -> pd.DataFrame:
@@ -145,8 +155,8 @@ class EventCounts:
             {
                 "key": self.keys[dense],
                 "count": np.ones(len(dense)),
-                "total": self.values,
-                "last": self.times.astype(np.float64),
+                "total": self.values if len(self.values) else np.zeros(len(dense)),
+                "last": self.times_at(np.arange(len(dense))).astype(np.float64),
             }
         )
         both = pd.concat([self.base.frame(), events], ignore_index=True) if len(self.base.key) else events

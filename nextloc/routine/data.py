@@ -108,10 +108,10 @@ class RoutineData:
             ids = data.table.column("staypoint_id").to_numpy()
             queries[split] = queries_for_targets(log, ids)
             targets[split] = data.target_np
-            candidates[split] = CandidateSet.build(routine, queries[split])
             # train is only fit on: its rows that carry a ranking signal (the others are never read)
+            answerable = targets[split] if split == "train" else None
+            candidates[split] = CandidateSet.build(routine, queries[split], answerable)
             if split == "train":
-                candidates[split] = candidates[split].answerable(targets[split])
                 continue
             # the head is fit on validation and read on test: train's window and unseen places are never asked
             windows[split] = window_places(log, queries[split], previous_days)

@@ -40,6 +40,7 @@ RECENT_MIN = 30 * MINUTES_PER_DAY
 SLOT_MIN = 180  # a time-of-day slot: 3 hours
 # Song et al. (2010), "Modelling the scaling properties of human mobility": P(explore) = rho * S^-gamma
 SONG_RHO, SONG_GAMMA = 0.6, 0.21
+CHUNK_QUESTIONS = 1 << 16  # questions whose candidates' features are computed at once (Routine.features)
 
 CANDIDATE_FEATURES = (
     "n_place",  # the user's visits to the place before now
@@ -264,11 +265,25 @@ class Routine:
         return query[keep], keys[rows[keep]] % self.num_places
 
     def candidate_features(self, queries: Queries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(query row, place, features)``: :meth:`candidates` with :data:`CANDIDATE_FEATURES` as a
-        ``(rows, F)`` float64 array (NaN where undefined)."""
+        """``(query row, place, features)``: :meth:`candidates` with :meth:`features`."""
         q, place = self.candidates(queries)
-        columns = {**self._visit_features(queries, q, place), **self._move_features(queries, q, place)}
-        return q, place, np.column_stack([columns[name] for name in CANDIDATE_FEATURES])
+        return q, place, self.features(queries, q, place)
+
+    def features(
+        self, queries: Queries, q: np.ndarray, place: np.ndarray, chunk: int = CHUNK_QUESTIONS
+    ) -> np.ndarray:
+        """``(rows, F)`` float64: :data:`CANDIDATE_FEATURES` of candidates ``(q, place)`` (``q`` ascending,
+        each question's candidates all there; NaN where undefined), computed ``chunk`` questions at a
+        time: what is held beside the array is one chunk's columns."""
+        out = np.empty((len(q), len(CANDIDATE_FEATURES)))
+        bounds = np.searchsorted(q, np.arange(0, len(queries) + chunk, chunk))
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            if hi > lo:
+                chunk = q[lo:hi], place[lo:hi]
+                columns = {**self._visit_features(queries, *chunk), **self._move_features(queries, *chunk)}
+                for j, name in enumerate(CANDIDATE_FEATURES):
+                    out[lo:hi, j] = columns[name]
+        return out
 
     def _visit_features(self, queries: Queries, q: np.ndarray, place: np.ndarray) -> dict[str, np.ndarray]:
         u, now = queries.user[q], queries.now[q]

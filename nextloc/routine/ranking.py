@@ -84,8 +84,15 @@ class CandidateSet:
     n: int
 
     @classmethod
-    def build(cls, routine: Routine, queries: Queries) -> CandidateSet:
-        query, place, features = routine.candidate_features(queries)
+    def build(cls, routine: Routine, queries: Queries, target: np.ndarray | None = None) -> CandidateSet:
+        """Each question's candidates in ``routine`` with their features; with ``target`` ``(N,)``, only
+        the questions whose target is a candidate keep theirs (:meth:`answerable`), the others' features
+        never computed."""
+        query, place = routine.candidates(queries)
+        if target is not None:
+            keep = _has_target(query, place, target, len(queries))[1][query]
+            query, place = query[keep], place[keep]
+        features = routine.features(queries, query, place)
         return cls(query, place, features, routine.explore_features(queries), len(queries))
 
     def column(self, name: str) -> np.ndarray:
@@ -94,7 +101,7 @@ class CandidateSet:
 
     def labels(self, target: np.ndarray) -> np.ndarray:
         """``(R,)`` 1 where the candidate is its question's target, else 0."""
-        return (self.place == np.asarray(target)[self.query]).astype(np.int64)
+        return _has_target(self.query, self.place, target, self.n)[0]
 
     def concat(self, other: CandidateSet) -> CandidateSet:
         """Both sets' questions in one set, ``other``'s after these (their targets concatenate alike)."""
@@ -142,8 +149,16 @@ class CandidateSet:
 
     def _has_target(self, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(R,)`` :meth:`labels` and ``(N,)`` whether each question's target is among its candidates."""
-        labels = self.labels(target)
-        return labels, np.bincount(self.query, weights=labels, minlength=self.n) > 0
+        return _has_target(self.query, self.place, target, self.n)
+
+
+def _has_target(
+    query: np.ndarray, place: np.ndarray, target: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(R,)`` 1 where candidate ``(query, place)`` is its question's target, else 0, and ``(n,)`` whether
+    each question's target is among its candidates."""
+    labels = (place == np.asarray(target)[query]).astype(np.int64)
+    return labels, np.bincount(query, weights=labels, minlength=n) > 0
 
 
 class CandidateScorer(Protocol):

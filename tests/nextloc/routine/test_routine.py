@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from nextloc.routine.counts import EventCounts
 from nextloc.routine.features import CANDIDATE_FEATURES, EXPLORE_FEATURES, SLOT_MIN, Routine, song_explore
+from nextloc.routine.ranking import CandidateSet
 from nextloc.routine.visits import (
     MINUTES_PER_DAY,
     Queries,
@@ -168,6 +169,26 @@ def test_candidate_features_equal_loops(rows) -> None:
             if log.user[j] == queries.user[i] and log.start[j] < queries.now[i] and log.place[j] >= 2
         }
         assert set(place[q == i].tolist()) == seen
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=visit_rows)
+def test_features_in_chunks_and_answerable_questions_alone_equal_the_whole_sets(rows) -> None:
+    """Features computed two questions at a time, and a training split's answerable questions built alone
+    (the others' features never computed), equal the whole set's to the last bit."""
+    log = make_log(rows, located=True)
+    targets = targets_of(log)
+    if not len(targets):
+        return
+    routine = Routine(log, NUM_PLACES)
+    queries = queries_for_targets(log, targets)
+    q, place, features = routine.candidate_features(queries)
+    np.testing.assert_array_equal(routine.features(queries, q, place, chunk=2), features)
+    target = log.place[targets]  # make_log's staypoint ids are the log's rows
+    alone = CandidateSet.build(routine, queries, target)
+    answerable = CandidateSet.build(routine, queries).answerable(target)
+    for name in ("query", "place", "features", "explore"):
+        np.testing.assert_array_equal(getattr(alone, name), getattr(answerable, name))
 
 
 @settings(max_examples=80, deadline=None)
