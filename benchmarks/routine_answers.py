@@ -34,7 +34,8 @@ def record(data_dir: Path, kinds: tuple[str, ...]) -> dict:
     """Each kind's metrics, per-sample outcomes, head, digests and seconds on ``data_dir``."""
     catalog, cpu = Catalog(str(data_dir)), torch.device("cpu")
     meta = json.loads((data_dir / "metadata.json").read_text())
-    splits = fit_kind.load_splits({s: data_dir / "samples" / f"{s}.parquet" for s in SPLITS}, cpu)
+    paths = {s: data_dir / "samples" / f"{s}.parquet" for s in SPLITS}
+    splits = fit_kind.load_splits(paths, cpu, "ranker")  # train's ids and targets, as a routine kind's task
     files = {"staypoints": catalog.staypoints, "located": catalog.located}
     report = {}
     for kind in kinds:

@@ -112,7 +112,7 @@ def train_model_task(
     where = describe_device(dev)
     logger.info("%s seed %d trains on %s", kind, seed, where)
     meta = json.loads(Path(data.metadata.path).read_text())
-    splits = fit_kind.load_splits({s: Path(data.samples[s].path) for s in SPLITS}, dev)
+    splits = fit_kind.load_splits({s: Path(data.samples[s].path) for s in SPLITS}, dev, kind)
     experiment_id = mlflow_runs.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint, "data_dir": data.data_dir}
     tags["device"] = where

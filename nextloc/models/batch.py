@@ -8,7 +8,7 @@ Batches can be bucketed by history length (``bucket=True``) so that little compu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
@@ -25,6 +25,7 @@ TIME_SLOT_MIN = 15
 DURATION_BIN_MIN = 30
 SCORE_PIECE_CPU = 64  # samples per length-sorted piece when scoring on a CPU (see by_length)
 SEQUENCE_FIELDS = ("loc", "time", "weekday", "duration", "diff")
+ID_COLUMNS = ("hist_len", "user", "user_id", "target_loc")  # what a SampleTensors reads when it is made
 
 
 @dataclass
@@ -139,9 +140,12 @@ class SampleTensors:
         )
 
     @classmethod
-    def from_parquet(cls, path: Path, device: torch.device | str = "cpu") -> SampleTensors:
-        """Read a ``samples/<split>.parquet`` file."""
-        return cls(pq.read_table(path), device)
+    def from_parquet(
+        cls, path: Path, device: torch.device | str = "cpu", columns: Sequence[str] | None = None
+    ) -> SampleTensors:
+        """Read a ``samples/<split>.parquet`` file (``columns``: only these, with :data:`ID_COLUMNS`)."""
+        wanted = None if columns is None else list(dict.fromkeys([*ID_COLUMNS, *columns]))
+        return cls(pq.read_table(path, columns=wanted), device)
 
     def __len__(self) -> int:
         return self.n

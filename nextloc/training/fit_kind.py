@@ -34,6 +34,7 @@ from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
 # the metrics the head's reading changes: the DBSCAN effect's row (Scorers.past_places_explore)
 PAST_PLACES_KEYS = ("acc@1", "mrr", "new_place_auc", "new_place_brier")
+ROUTINE_TRAIN_COLUMNS = ("staypoint_id",)  # what a routine kind reads of train's samples (with the ids)
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,15 @@ def training_device(device: str, threads: int | None) -> torch.device:
     return dev
 
 
-def load_splits(paths: Mapping[str, Path], device: torch.device) -> dict[str, SampleTensors]:
-    """Each split's samples (``samples_<split>.parquet``) as tensors on ``device``."""
-    return {s: SampleTensors.from_parquet(Path(paths[s]), device) for s in SPLITS}
+def load_splits(
+    paths: Mapping[str, Path], device: torch.device, kind: str | None = None
+) -> dict[str, SampleTensors]:
+    """Each split's samples (``samples_<split>.parquet``) as tensors on ``device``; for a routine ``kind``,
+    train's ids and targets only (:data:`ROUTINE_TRAIN_COLUMNS`: its histories are most of the split's
+    memory, and the routine reads the staypoints instead)."""
+    routine = kind is not None and registry.kind(kind).family == "routine"
+    columns = {"train": ROUTINE_TRAIN_COLUMNS} if routine else {}
+    return {s: SampleTensors.from_parquet(Path(paths[s]), device, columns.get(s)) for s in SPLITS}
 
 
 def fit_kind(
