@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import urllib.parse
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ class Services:
     #: Where the Prefect server and the MLflow tracking server listen and are reached: 127.0.0.1, or this
     #: machine's address on the team's network so that workers on other machines can join.
     host: str = field(default_factory=lambda: os.environ.get("NEXTLOC_SERVICES_HOST", HOST))
+    #: The team's own server certificate (:mod:`services.tls`); given, the services speak HTTPS on loopback too.
+    tls_cert: str | None = field(default_factory=lambda: os.environ.get("NEXTLOC_TLS_CERT") or None)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -44,14 +47,30 @@ class Services:
         return self.root / ".services"
 
     @property
+    def tls(self) -> bool:
+        """Whether the Prefect and MLflow servers speak HTTPS only (:mod:`services.tls`): on any address
+        but loopback, or with the team's own certificate."""
+        return not is_loopback(self.host) or self.tls_cert is not None
+
+    @property
+    def scheme(self) -> str:
+        """``https`` or ``http``: :attr:`tls`."""
+        return "https" if self.tls else "http"
+
+    @property
     def api_url(self) -> str:
         """The Prefect API every client needs in ``PREFECT_API_URL``."""
-        return f"http://{self.host}:{self.prefect_port}/api"
+        return f"{self.scheme}://{self.host}:{self.prefect_port}/api"
 
     @property
     def mlflow_url(self) -> str:
         """The MLflow tracking server: the UI, the tracking URI of every client, the artifact proxy."""
-        return f"http://{self.host}:{self.mlflow_port}"
+        return f"{self.scheme}://{self.host}:{self.mlflow_port}"
+
+    @property
+    def tls_folder(self) -> Path:
+        """``.services/tls``: the generated CA and server certificate (:mod:`services.tls`), keys 0600."""
+        return self.folder / "tls"
 
     @property
     def artifacts(self) -> Path:
@@ -105,6 +124,16 @@ class Services:
         return urllib.parse.urlunsplit(
             (f"postgresql+{driver}", parts.netloc, f"/{database}", parts.query, "")
         )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_server_url(url: str) -> None:
