@@ -19,13 +19,21 @@ Files, each mode 0600 in ``.services/auth/`` (:attr:`services.layout.Services.au
 services credentials`` prints), ``mlflow-server.env`` (the admin's password and the Flask secret key of the
 tracking server), ``basic_auth.ini`` (MLflow's auth config: its users' database, with the PostgreSQL
 password). Secrets reach the servers in their environment, never on a command line.
+
+Over HTTPS (:mod:`services.tls`) the identities' files on the services' machine also hold the CA's path in
+each client's variable (:data:`tracking.access.CA_VARIABLES`), so ``set -a; . .services/auth/pipeline.env``
+is all the ``prefect`` and ``mlflow`` CLIs need; what ``nextloc services credentials`` hands over carries
+the CA itself instead (:data:`CA_PEM`, one line), which the first ``nextloc`` command on the other machine
+writes to ``.services/auth/ca.pem`` and names in the same variables of that file.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import secrets
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,7 +41,16 @@ from pathlib import Path
 
 from services.layout import Services
 from services.processes import write_private
-from tracking.access import MLFLOW_PASSWORD, MLFLOW_USERNAME, PREFECT_AUTH, authorization, call_json
+from services.tls import ca_file
+from tracking.access import (
+    CA_VARIABLES,
+    MLFLOW_PASSWORD,
+    MLFLOW_USERNAME,
+    PREFECT_AUTH,
+    authorization,
+    ca_env,
+    call_json,
+)
 
 log = logging.getLogger("nextloc.cli")
 
@@ -54,6 +71,9 @@ PIPELINE_GRANTS = ("experiment", "registered_model")
 #: a refused credential is never cached.
 AUTH_CACHE_S = 60
 AUTH_CACHE_VARIABLE = "NEXTLOC_MLFLOW_AUTH_CACHE_S"
+#: The services' CA certificate in a handed-over credentials file: its PEM, base64 on one line.
+CA_PEM = "NEXTLOC_TLS_CA_PEM"
+CA_FILE = "ca.pem"
 
 
 def _secret() -> str:
@@ -103,6 +123,18 @@ def ensure_credentials(services: Services) -> None:
         if not path.is_file():
             write_private(path, format_env(values))
             log.info("generated credentials %s", path)
+    ca = ca_file(services)
+    for identity in IDENTITIES:  # the CA the clients verify against: this machine's path, or none
+        _name_ca(services.credentials_file(identity), ca.resolve() if ca else None)
+
+
+def _name_ca(path: Path, ca: Path | None) -> None:
+    """Put ``ca`` in the CA variables of the env file ``path`` (``None``: drop them), if they differ."""
+    values = {k: v for k, v in read_env_file(path).items() if k not in CA_VARIABLES}
+    if ca is not None:
+        values.update(ca_env(ca))
+    if values != read_env_file(path):
+        write_private(path, format_env(values))
 
 
 def prefect_server_env(services: Services) -> dict[str, str]:
@@ -155,15 +187,16 @@ def provision_mlflow_users(services: Services) -> None:
     admin = authorization(f"{MLFLOW_ADMIN}:{credentials(services, SERVER_SECRETS)[ADMIN_PASSWORD]}")
     api = f"{services.mlflow_url}/api/2.0/mlflow/users"
     grant = f"{services.mlflow_url}/api/3.0/mlflow/users/permissions/grant"
+    context = client_context(services)
     try:
         for identity in IDENTITIES:
             own = credentials(services, identity)
             user = {"username": own[MLFLOW_USERNAME], "password": own[MLFLOW_PASSWORD]}
-            if not _admin_call(f"{api}/create", "POST", user, admin):
-                _admin_call(f"{api}/update-password", "PATCH", user, admin)
+            if not _admin_call(f"{api}/create", "POST", user, admin, context):
+                _admin_call(f"{api}/update-password", "PATCH", user, admin, context)
         for resource_type in PIPELINE_GRANTS:
             body = {"resource_type": resource_type, "resource_id": "*", "permission": "MANAGE"}
-            _admin_call(grant, "POST", {"username": MLFLOW_USERS[PIPELINE], **body}, admin)
+            _admin_call(grant, "POST", {"username": MLFLOW_USERS[PIPELINE], **body}, admin, context)
     except urllib.error.HTTPError as err:
         hint = (
             f": its users' database was made with another admin password than "
@@ -178,10 +211,20 @@ def provision_mlflow_users(services: Services) -> None:
     log.info("MLflow users %s ready", ", ".join(MLFLOW_USERS.values()))
 
 
-def _admin_call(url: str, method: str, body: dict, headers: dict[str, str]) -> bool:
+def client_context(services: Services) -> ssl.SSLContext | None:
+    """How this machine's own requests to the services verify them: against their CA; None over HTTP."""
+    if not services.tls:
+        return None
+    ca = ca_file(services)
+    return ssl.create_default_context(cafile=str(ca) if ca else None)
+
+
+def _admin_call(
+    url: str, method: str, body: dict, headers: dict[str, str], context: ssl.SSLContext | None
+) -> bool:
     """One admin request; False if what it creates exists already (``RESOURCE_ALREADY_EXISTS``)."""
     try:
-        call_json(url, method, body, headers)
+        call_json(url, method, body, headers, context=context)
     except urllib.error.HTTPError as err:
         if err.code == 400 and b"RESOURCE_ALREADY_EXISTS" in err.read():
             return False
@@ -209,6 +252,11 @@ def credentials_text(services: Services, identity: str) -> str:
         f"# {identity}: {where}. Save as .services/auth/{identity}.env in the project folder (chmod 600),\n"
         f"# or export these. Prefect API {services.api_url}, MLflow {services.mlflow_url}\n"
     )
+    values = {k: v for k, v in values.items() if k not in CA_VARIABLES}  # this machine's paths
+    ca = ca_file(services)
+    if ca is not None:
+        head += f"# {CA_PEM}: the services' CA certificate ({ca.name}), which every client verifies them against\n"
+        values[CA_PEM] = base64.b64encode(ca.read_bytes()).decode()
     return head + format_env(values)
 
 
@@ -219,10 +267,39 @@ def use_credentials(root: Path, identities: tuple[str, ...]) -> str | None:
     """Put the first of ``identities`` whose file is in ``root/.services/auth`` into this process's
     environment, where the variables are not set already (the environment wins); the identity, or None."""
     for identity in identities:
-        values = credentials(Services(root, backend="postgres", db_url=None), identity)
+        services = Services(root, backend="postgres", db_url=None)
+        values = credentials(services, identity)
+        if CA_PEM in values:
+            values = _install_ca(services, identity, values)
         if values:
             for key, value in values.items():
                 os.environ.setdefault(key, value)
             log.debug("credentials of %s from %s/.services/auth", identity, root)
             return identity
     return None
+
+
+def _install_ca(services: Services, identity: str, values: dict[str, str]) -> dict[str, str]:
+    """A handed-over file's CA (:data:`CA_PEM`) written to ``.services/auth/ca.pem`` and named in the
+    file's CA variables (then ``set -a; . <file>`` serves the ``prefect`` and ``mlflow`` CLIs too).
+
+    Raises:
+        ValueError: the value is not a base64 PEM certificate, naming the file.
+    """
+    path = services.credentials_file(identity)
+    try:
+        pem = base64.b64decode(values[CA_PEM], validate=True)
+    except ValueError:
+        pem = b""
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise ValueError(
+            f"{path}: {CA_PEM} is not a CA certificate (copy it again from `nextloc services credentials`)"
+        )
+    ca = services.auth_folder / CA_FILE
+    if not ca.is_file() or ca.read_bytes() != pem:
+        from nextloc.atomic import write_text_atomic
+
+        write_text_atomic(ca, pem.decode())
+        ca.chmod(0o644)
+    _name_ca(path, ca.resolve())
+    return read_env_file(path)

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -84,13 +85,19 @@ def launch(services: Services, name: str, cmd: list[str], env: dict[str, str], *
     log.info("started %s (pid %d), log %s", name, proc.pid, services.log_file(name))
 
 
-def wait_http(services: Services, name: str, url: str, timeout_s: float) -> None:
-    """Wait until ``url`` answers 200; fail naming the service's log if it exits or ``timeout_s`` passes."""
+def wait_http(
+    services: Services, name: str, url: str, timeout_s: float, context: ssl.SSLContext | None = None
+) -> None:
+    """Wait until ``url`` answers 200 (``context``: how an ``https`` server is verified); fail naming the
+    service's log if it exits or ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if running_pid(services, name) is None:
             raise RuntimeError(f"{name} exited; see {services.log_file(name)}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as response:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(url, timeout=5, context=context) as response,
+        ):
             if response.status == 200:
                 log.info("%s is up: %s", name, url)
                 return
@@ -100,15 +107,22 @@ def wait_http(services: Services, name: str, url: str, timeout_s: float) -> None
     )
 
 
-def wait_worker(services: Services, pool: str, timeout_s: float, headers: dict[str, str]) -> None:
+def wait_worker(
+    services: Services,
+    pool: str,
+    timeout_s: float,
+    headers: dict[str, str],
+    context: ssl.SSLContext | None = None,
+) -> None:
     """Wait until the services' worker is online in the work pool ``pool`` (``headers``: the API's
-    credentials)."""
+    credentials; ``context``: :func:`wait_http`'s)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if running_pid(services, "worker") is None:
             raise RuntimeError(f"the worker exited; see {services.log_file('worker')}")
         with contextlib.suppress(OSError, ValueError):
-            workers = post_json(f"{services.api_url}/work_pools/{pool}/workers/filter", headers=headers)
+            url = f"{services.api_url}/work_pools/{pool}/workers/filter"
+            workers = post_json(url, headers=headers, context=context)
             if any(w.get("status") == "ONLINE" for w in workers):
                 log.info("worker online in work pool %s", pool)
                 return
@@ -119,17 +133,22 @@ def wait_worker(services: Services, pool: str, timeout_s: float, headers: dict[s
 
 
 def post_json(
-    url: str, body: dict | None = None, timeout_s: float = 5.0, headers: dict[str, str] | None = None
+    url: str,
+    body: dict | None = None,
+    timeout_s: float = 5.0,
+    headers: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> Any:
     """POST ``body`` (default ``{}``, as a Prefect API filter endpoint takes it) as JSON, with ``headers``
-    (credentials: :func:`services.auth.authorization`); the decoded answer."""
+    (credentials: :func:`services.auth.authorization`; ``context``: :func:`wait_http`'s); the decoded
+    answer."""
     request = urllib.request.Request(
         url,
         data=json.dumps(body or {}).encode(),
         headers={"Content-Type": "application/json", **(headers or {})},
         method="POST",
     )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+    with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
         return json.loads(response.read())
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import services.auth as auth
+import services.tls as tls
 from flows import OFFLINE_DEFAULTS
 from flows.serve import WORK_POOL
 from services.layout import MLFLOW_AUTH_DB, MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
@@ -50,6 +52,7 @@ def start(services: Services, timeout_s: float = 180.0, worker: bool = True) -> 
     services.folder.mkdir(parents=True, exist_ok=True)
     services.artifacts.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in {**os.environ, **OFFLINE_DEFAULTS}.items() if k not in _NOT_INHERITED}
+    certificate = tls.server_files(services) if services.tls else None
     auth.ensure_credentials(services)
     # the UI asks the API at PREFECT_UI_API_URL (default 127.0.0.1:4200): on another port it must be told
     server_env = {
@@ -75,27 +78,40 @@ def start(services: Services, timeout_s: float = 180.0, worker: bool = True) -> 
         "mlflow_url": services.mlflow_url,
     }
     write_private(services.client_file, json.dumps(client, indent=1) + "\n")
-    _launch_prefect_server(services, server_env)
-    _launch_mlflow(services, {**base, **auth.mlflow_server_env(services, auth_uri)}, store_uri)
-    wait_http(services, "prefect-server", f"{services.api_url}/health", timeout_s)
-    wait_http(services, "mlflow", f"{services.mlflow_url}/health", timeout_s)
+    _launch_prefect_server(services, server_env, certificate)
+    _launch_mlflow(services, {**base, **auth.mlflow_server_env(services, auth_uri)}, store_uri, certificate)
+    context = auth.client_context(services)
+    wait_http(services, "prefect-server", f"{services.api_url}/health", timeout_s, context)
+    wait_http(services, "mlflow", f"{services.mlflow_url}/health", timeout_s, context)
     auth.provision_mlflow_users(services)
     _register_deployments(services, base, timeout_s)
     if worker:
         nextloc = str(Path(sys.executable).parent / "nextloc")
         launch(services, "worker", [nextloc, "worker"], _run_env(services, base))
         pipeline = auth.credentials(services, auth.PIPELINE)
-        wait_worker(services, WORK_POOL, timeout_s, auth.authorization(pipeline[auth.PREFECT_AUTH]))
+        headers = auth.authorization(pipeline[auth.PREFECT_AUTH])
+        wait_worker(services, WORK_POOL, timeout_s, headers, context)
 
 
-def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:
-    prefect = str(Path(sys.executable).parent / "prefect")
-    launch(
-        services,
-        "prefect-server",
-        [prefect, "server", "start", "--host", services.host, "--port", str(services.prefect_port)],
-        env,
-    )
+def _launch_prefect_server(
+    services: Services, env: dict[str, str], certificate: tuple[Path, Path] | None
+) -> None:
+    """``prefect server start``; over TLS (``certificate``: its file and key) the same app, API, UI and
+    background services, under uvicorn with the certificate, which ``prefect server start`` cannot give."""
+    where = ["--host", services.host, "--port", str(services.prefect_port)]
+    if certificate is None:
+        launch(
+            services,
+            "prefect-server",
+            [str(Path(sys.executable).parent / "prefect"), "server", "start", *where],
+            env,
+        )
+        return
+    cert, key = (str(p.resolve()) for p in certificate)
+    app = [sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app", *where]
+    tls_options = ["--ssl-certfile", cert, "--ssl-keyfile", key, "--timeout-keep-alive", "5"]
+    # as `prefect server start` runs it: the last app of the process, its background services in it
+    launch(services, "prefect-server", app + tls_options, {**env, "PREFECT__SERVER_FINAL": "1"})
 
 
 #: The tracking server's environment: no job runner. MLflow's server otherwise starts a job runner and
@@ -103,19 +119,25 @@ def _launch_prefect_server(services: Services, env: dict[str, str]) -> None:
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
-def _launch_mlflow(services: Services, env: dict[str, str], store_uri: str) -> None:
+def _launch_mlflow(
+    services: Services, env: dict[str, str], store_uri: str, certificate: tuple[Path, Path] | None
+) -> None:
     """``mlflow server`` over ``store_uri`` (in its environment, not argv: it may hold the password), with
     its artifact proxy over ``mlruns/artifacts``: new experiments store artifacts at ``mlflow-artifacts:/``,
     which clients read and write through the server. MLflow's basic-auth app asks every request but
     ``/health`` and static files for a user (:mod:`services.auth`); only the services' own host names are
-    answered (``--allowed-hosts``)."""
+    answered (``--allowed-hosts``). Over TLS its uvicorn serves the certificate (``certificate``)."""
     mlflow = str(Path(sys.executable).parent / "mlflow")
+    tls_options = []
+    if certificate is not None:
+        cert, key = (shlex.quote(str(p.resolve())) for p in certificate)
+        tls_options = ["--uvicorn-opts", f"--ssl-certfile {cert} --ssl-keyfile {key}"]
     launch(
         services,
         "mlflow",
         [mlflow, "server", "--serve-artifacts", "--artifacts-destination", str(services.artifacts.resolve())]
         + ["--host", services.host, "--port", str(services.mlflow_port), "--workers", "1"]
-        + ["--app-name", "basic-auth", "--allowed-hosts", auth.allowed_hosts(services)],
+        + ["--app-name", "basic-auth", "--allowed-hosts", auth.allowed_hosts(services), *tls_options],
         {**env, **MLFLOW_SERVER_ENV, "MLFLOW_BACKEND_STORE_URI": store_uri},
     )
 
@@ -125,7 +147,7 @@ def _run_env(services: Services, base: dict[str, str]) -> dict[str, str]:
     the MLflow tracking server, the pipeline's credentials, a Prefect home of this project folder."""
     return {
         **base,
-        **auth.credentials(services, auth.PIPELINE),
+        **auth.credentials(services, auth.PIPELINE),  # with the CA's variables over TLS
         "PREFECT_API_URL": services.api_url,
         "NEXTLOC_TRACKING_URI": services.mlflow_url,
         "NEXTLOC_MLFLOW_UI_URL": services.mlflow_url,
