@@ -24,14 +24,18 @@ install: system-deps $(STAMP)  ## create .venv and install nextloc with its pinn
 
 # Debian packages the services, the web maps and the browser tests need: PostgreSQL 15 (make services),
 # Leaflet and Leaflet.markercluster (the .html maps inline their files: nextloc/maps/web.py),
-# Chromium + ChromeDriver (tests/browser). Installed only when missing and only as root with apt-get;
+# Chromium + ChromeDriver (tests/browser), certutil (libnss3-tools: the HTTPS UI test trusts the services' CA
+# in Chromium), ip and curl (the HTTPS test's network namespace and its client). Installed only when missing and only as root with apt-get;
 # elsewhere the command says what to install and the tests that need them say why they skip.
-SYSTEM_PACKAGES := postgresql chromium chromium-driver libjs-leaflet libjs-leaflet.markercluster
+SYSTEM_PACKAGES := postgresql chromium chromium-driver libjs-leaflet libjs-leaflet.markercluster libnss3-tools iproute2 curl
 system-deps:
 	@missing=""; \
 	command -v /usr/lib/postgresql/15/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
+	command -v certutil >/dev/null 2>&1 || missing="$$missing libnss3-tools"; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
 	test -f /usr/share/javascript/leaflet/leaflet.js || missing="$$missing libjs-leaflet"; \
 	test -f /usr/share/javascript/leaflet/leaflet.markercluster.js || missing="$$missing libjs-leaflet.markercluster"; \
 	if [ -n "$$missing" ]; then \

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tls_network import tls_services  # noqa: F401  (the services over HTTPS on a network address)
 
 from flows import OFFLINE_DEFAULTS  # telemetry off; importing flows sets it too
 

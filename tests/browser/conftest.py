@@ -175,11 +175,12 @@ def _experiment_id(mlflow_url: str) -> str:
 
 
 def _chromium(
-    extra_flags: tuple[str, ...] = (), console: bool = False, network: bool = False
+    extra_flags: tuple[str, ...] = (), console: bool = False, network: bool = False, home: Path | None = None
 ) -> Iterator[object]:
     """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile; never Selenium Manager.
     ``console``: keep the page's console log (``driver.get_log("browser")``); ``network``: keep its
-    DevTools events (``driver.get_log("performance")``: every response's status and headers)."""
+    DevTools events (``driver.get_log("performance")``: every response's status and headers); ``home``:
+    its ``HOME`` (where it finds the NSS database of the certificates it trusts)."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
     if missing:
         pytest.skip(
@@ -203,7 +204,10 @@ def _chromium(
         )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(driver_finder.SeleniumManager, "binary_paths", refuse)
-        driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+        env = {**os.environ, "HOME": str(home)} if home else None
+        driver = webdriver.Chrome(
+            service=Service(executable_path=str(CHROMEDRIVER), env=env), options=options
+        )
     try:
         yield driver
     finally:
@@ -234,6 +238,24 @@ def free_port() -> int:
 def fresh_browser() -> Iterator[object]:
     """:func:`browser`'s Chromium for one test alone: a profile no other test has used."""
     yield from _chromium()
+
+
+@pytest.fixture
+def ca_browser(tls_services) -> Iterator[object]:
+    """:func:`network_browser` that trusts the team services' CA (:func:`tls_network.tls_services`), as a
+    person's browser does once the CA is imported into its NSS database (``certutil``, libnss3-tools)."""
+    if not shutil.which("certutil"):
+        pytest.skip("trusting a CA in Chromium needs certutil (Debian's libnss3-tools: `make install`)")
+    home = Path(tempfile.mkdtemp(prefix="nextloc-ca-browser-"))
+    nss = ["certutil", "-d", f"sql:{home / '.pki' / 'nssdb'}"]
+    (home / ".pki" / "nssdb").mkdir(parents=True)
+    subprocess.run([*nss, "-N", "--empty-password"], check=True, capture_output=True, timeout=60)
+    add = ["-A", "-t", "C,,", "-n", "nextloc services CA", "-i", str(tls_services.ca)]
+    subprocess.run([*nss, *add], check=True, capture_output=True, timeout=60)
+    try:
+        yield from _chromium(network=True, home=home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 #: no network at all: every host name fails to resolve, every request goes to a proxy that is not there
