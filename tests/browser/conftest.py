@@ -11,11 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from chromium import SCREENSHOTS, chromium
 
 from flows import OFFLINE_DEFAULTS
 from services.processes import free_ports, post_json
@@ -32,20 +31,6 @@ _post = functools.partial(post_json, timeout_s=30)  # a slow server under load s
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-CHROMIUM = Path(os.environ.get("NEXTLOC_CHROMIUM", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("NEXTLOC_CHROMEDRIVER", "/usr/bin/chromedriver"))
-SCREENSHOTS = REPO / "test-artifacts" / "browser"
-CHROME_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1600,1000",
-)
 
 pytestmark = pytest.mark.slow
 
@@ -174,58 +159,17 @@ def _experiment_id(mlflow_url: str) -> str:
         return json.loads(response.read())["experiment"]["experiment_id"]
 
 
-def _chromium(
-    extra_flags: tuple[str, ...] = (), console: bool = False, network: bool = False, home: Path | None = None
-) -> Iterator[object]:
-    """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile; never Selenium Manager.
-    ``console``: keep the page's console log (``driver.get_log("browser")``); ``network``: keep its
-    DevTools events (``driver.get_log("performance")``: every response's status and headers); ``home``:
-    its ``HOME`` (where it finds the NSS database of the certificates it trusts)."""
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
-    if missing:
-        pytest.skip(
-            f"browser tests need Debian's chromium and chromium-driver (`make install`): missing {missing}"
-        )
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common import driver_finder
-
-    def refuse(*_args, **_kwargs):
-        raise AssertionError("Selenium Manager was asked for a browser or driver (it would download one)")
-
-    profile = tempfile.mkdtemp(prefix="nextloc-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*CHROME_FLAGS, *extra_flags, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    if console or network:
-        options.set_capability(
-            "goog:loggingPrefs", {"browser": "ALL", **({"performance": "ALL"} if network else {})}
-        )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(driver_finder.SeleniumManager, "binary_paths", refuse)
-        env = {**os.environ, "HOME": str(home)} if home else None
-        driver = webdriver.Chrome(
-            service=Service(executable_path=str(CHROMEDRIVER), env=env), options=options
-        )
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile, its console log kept
     (``driver.get_log("browser")``); never Selenium Manager."""
-    yield from _chromium(console=True)
+    yield from chromium(console=True)
 
 
 @pytest.fixture(scope="session")
 def network_browser() -> Iterator[object]:
     """:func:`browser` that also keeps every response it got (``driver.get_log("performance")``)."""
-    yield from _chromium(network=True)
+    yield from chromium(network=True)
 
 
 @pytest.fixture
@@ -237,25 +181,7 @@ def free_port() -> int:
 @pytest.fixture
 def fresh_browser() -> Iterator[object]:
     """:func:`browser`'s Chromium for one test alone: a profile no other test has used."""
-    yield from _chromium()
-
-
-@pytest.fixture
-def ca_browser(tls_services) -> Iterator[object]:
-    """:func:`network_browser` that trusts the team services' CA (:func:`tls_network.tls_services`), as a
-    person's browser does once the CA is imported into its NSS database (``certutil``, libnss3-tools)."""
-    if not shutil.which("certutil"):
-        pytest.skip("trusting a CA in Chromium needs certutil (Debian's libnss3-tools: `make install`)")
-    home = Path(tempfile.mkdtemp(prefix="nextloc-ca-browser-"))
-    nss = ["certutil", "-d", f"sql:{home / '.pki' / 'nssdb'}"]
-    (home / ".pki" / "nssdb").mkdir(parents=True)
-    subprocess.run([*nss, "-N", "--empty-password"], check=True, capture_output=True, timeout=60)
-    add = ["-A", "-t", "C,,", "-n", "nextloc services CA", "-i", str(tls_services.ca)]
-    subprocess.run([*nss, *add], check=True, capture_output=True, timeout=60)
-    try:
-        yield from _chromium(network=True, home=home)
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+    yield from chromium()
 
 
 #: no network at all: every host name fails to resolve, every request goes to a proxy that is not there
@@ -269,7 +195,7 @@ OFFLINE_FLAGS = (
 @pytest.fixture(scope="session")
 def offline_browser() -> Iterator[object]:
     """:func:`browser` cut off from every network (:data:`OFFLINE_FLAGS`), its console log kept."""
-    yield from _chromium(OFFLINE_FLAGS, console=True)
+    yield from chromium(OFFLINE_FLAGS, console=True)
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,12 @@ From that side: a worker joins over HTTPS with the CA that ``nextloc services cr
 and runs a deployment on the sample to Completed; ``curl --cacert`` reads both servers, ``curl`` without
 it fails verification; plain HTTP on the servers' ports gets no answer (no login asked, no data); a
 capture on the veth holds no credential in clear; a client without the CA stops with one line naming the
-service and the variable. Without the privilege to make a namespace the services run on 127.0.0.1 with a
-certificate the test gives them (a team's own) and the network's own checks skip, saying why. The
-certificates themselves (generated, private, renewed, handed over) are checked without servers.
+service and the variable; headless Chromium that trusts the CA loads both UIs over HTTPS, where they ask
+for the login as over HTTP (screenshots in ``test-artifacts/browser/``), and one without it refuses them.
+Without the privilege to make a namespace the services run on 127.0.0.1 with a certificate the test
+gives them (a team's own) and the network's own checks skip, saying why. The certificates themselves
+(generated, private, renewed, handed over) are checked without servers. All in one module, so that
+``--dist loadfile`` starts the services once.
 """
 
 from __future__ import annotations
@@ -125,6 +128,25 @@ def test_a_worker_joins_over_https_and_runs_a_deployment_to_completed(tls_servic
     body = {"flow_runs": {"id": {"any_": [s.flow_run_id]}}}
     [run] = access.call_json(f"{s.api}/flow_runs/filter", "POST", body, headers, 30, context)
     assert run["state_type"] == "COMPLETED"
+
+
+@pytest.mark.slow
+def test_the_prefect_and_mlflow_clis_verify_with_the_handed_over_file(tls_services):
+    """``set -a; . .services/auth/pipeline.env`` in the worker's folder (where the first ``nextloc``
+    command named the CA it installed): Prefect's and MLflow's own CLIs read both servers over HTTPS."""
+    s = tls_services
+    script = (
+        "set -a; . .services/auth/pipeline.env; set +a; "
+        f"prefect flow-run inspect {s.flow_run_id} && mlflow experiments get --experiment-name nextloc-geolife"
+    )
+    env = {**s.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.update({"PREFECT_API_URL": s.api, "MLFLOW_TRACKING_URI": s.mlflow})
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=s.client, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert s.flow_run_id in done.stdout
+    assert "nextloc-geolife" in done.stdout
 
 
 @pytest.mark.slow
@@ -254,3 +276,102 @@ def test_a_client_without_the_ca_stops_naming_the_service_and_the_variable(
     answer = subprocess.run(predict, cwd=tmp_path, env=s.env, capture_output=True, text=True, timeout=300)
     assert answer.returncode == 0, answer.stderr[-3000:]
     assert json.loads(answer.stdout)[0]["places"]
+
+
+# --- the UIs in headless Chromium -----------------------------------------------------------------
+
+
+@pytest.fixture
+def ca_browser(tls_services):
+    """Chromium whose NSS database trusts the services' CA (:func:`chromium.trusting_home`), its DevTools
+    events kept; nothing turns certificate checks off."""
+    import shutil
+
+    from chromium import chromium, trusting_home
+
+    home = trusting_home(tls_services.ca)
+    try:
+        yield from chromium(network=True, home=home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def bare_browser():
+    """Chromium with a fresh profile and the machine's own trust store only."""
+    from chromium import chromium
+
+    yield from chromium()
+
+
+def _shot(driver, name: str) -> None:
+    from chromium import SCREENSHOTS
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
+
+
+def _wait(driver):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, 90)
+
+
+def _body(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def _responses(driver) -> list[dict]:
+    events = (json.loads(entry["message"])["message"] for entry in driver.get_log("performance"))
+    return [e["params"]["response"] for e in events if e["method"] == "Network.responseReceived"]
+
+
+@pytest.mark.slow
+def test_prefect_ui_loads_over_https_and_asks_for_the_auth_string(ca_browser, tls_services):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    s, browser = tls_services, ca_browser
+    ui = s.api.removesuffix("/api")
+    password = (By.CSS_SELECTOR, "input[type='password']")
+    browser.get(f"{ui}/")
+    _wait(browser).until(lambda d: "/login" in d.current_url)
+    _wait(browser).until(ec.element_to_be_clickable(password))
+    assert browser.current_url.startswith("https://")
+    assert browser.execute_script("return window.isSecureContext") is True
+    _shot(browser, "services-tls-prefect-login")
+    browser.find_element(*password).send_keys(s.pipeline[access.PREFECT_AUTH])
+    browser.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
+    _wait(browser).until(lambda d: "/login" not in d.current_url)
+    browser.get(f"{ui}/runs/flow-run/{s.flow_run_id}")
+    _wait(browser).until(lambda d: "geolife data/tls" in _body(d))
+    _shot(browser, "services-tls-prefect-run")
+
+
+@pytest.mark.slow
+def test_mlflow_ui_loads_over_https_and_asks_for_a_login(ca_browser, tls_services):
+    s, browser = tls_services, ca_browser
+    browser.get_log("performance")
+    browser.get(f"{s.mlflow}/")
+    [answer] = [r for r in _responses(browser) if r["url"] == f"{s.mlflow}/"]
+    assert answer["status"] == 401  # the login, asked as over HTTP: a basic-auth challenge
+    assert {k.lower(): v for k, v in answer["headers"].items()}["www-authenticate"].startswith("Basic")
+    assert answer["securityState"] == "secure", answer.get("securityDetails")
+    _shot(browser, "services-tls-mlflow-login")
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": access.mlflow_login(s.reader)})
+    browser.get(f"{s.mlflow}/#/experiments")
+    _wait(browser).until(lambda d: "nextloc-geolife" in _body(d))
+    statuses = {r["status"] for r in _responses(browser) if r["url"].startswith(s.mlflow)}
+    assert 401 not in statuses, statuses
+    _shot(browser, "services-tls-mlflow-as-reader")
+
+
+@pytest.mark.slow
+def test_a_browser_without_the_ca_refuses_the_services(bare_browser, tls_services):
+    bare_browser.get(f"{tls_services.mlflow}/")
+    text = _body(bare_browser)
+    assert "ERR_CERT_AUTHORITY_INVALID" in text, text[:500]
+    _shot(bare_browser, "services-tls-untrusted")
