@@ -23,7 +23,7 @@ under ``.services/``:
 variables only, never on a command line. The tracking server's URL is written to ``.services/client.json``
 (0600), which ``nextloc run`` reads when ``PREFECT_API_URL`` is set, so a run started by hand lands in
 the same place as the deployment runs. ``$NEXTLOC_SERVICES_HOST`` makes Prefect and MLflow listen on an
-address other machines reach (PostgreSQL stays on 127.0.0.1).
+address other machines reach (PostgreSQL stays on 127.0.0.1), over HTTPS only (:mod:`services.tls`).
 
 It waits until each answers, then says how to use them. ``nextloc services stop`` stops them in the safe
 order: the worker first (it talks to the Prefect server while it shuts down), then MLflow, Prefect, and

@@ -2,13 +2,14 @@
 
 Any machine with nextloc installed, its own project folder and its data joins the team's services with::
 
-    nextloc worker --api http://SERVICES_HOST:4200/api
+    nextloc worker --api https://SERVICES_HOST:4200/api
 
 It runs ``prefect worker start --pool nextloc --type process`` with ``NEXTLOC_PROJECT_DIR`` set to the
 current folder: the deployments' pull step (:data:`flows.serve.PROJECT_DIR_STEP`) starts every flow run
 there, so relative paths (``data/raw/geolife``, ``data/geolife``) are this machine's. The flow runs track
-into the MLflow tracking server named by the deployment (``http://``; artifacts through its proxy), so the
-worker needs no database password and no shared folder. Runs go to whichever worker of the pool is free;
+into the MLflow tracking server named by the deployment (``https://`` on a network address, verified
+against the CA handed over with the credentials: :mod:`services.tls`; artifacts through its proxy), so
+the worker needs no database password and no shared folder. Runs go to whichever worker of the pool is free;
 ``--limit`` bounds this worker's runs at once (``$NEXTLOC_SERVE_LIMIT``, default 1). ``nextloc services
 start`` starts one worker in the services' own folder.
 """
