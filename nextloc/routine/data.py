@@ -91,6 +91,7 @@ class RoutineData:
         timezone: str = "UTC",
         previous_days: int = 7,
         located: pd.DataFrame | None = None,
+        spill: Path | None = None,
     ) -> RoutineData:
         """From ``staypoints.parquet`` (with its coordinates), ``vocabulary/locations.parquet`` (the places'
         train visits) and each split's samples (their ``staypoint_id`` names the target).
@@ -98,7 +99,9 @@ class RoutineData:
         ``located``: the dataset's located staypoints (``03_locations/staypoints_located.parquet``: raw
         ``location_id``, ``started_at``, ``latitude``, ``longitude``), every user's before merging, whose
         coordinates give the places' centres as of now, as the vocabulary's centres come from all of them
-        (None: the final staypoints' coordinates)."""
+        (None: the final staypoints' coordinates). ``spill``: a folder train's candidate features are
+        written to rather than held (:meth:`CandidateSet.build`: what a ``ranker`` fits on; ``ranker_refit``
+        refits on them with validation's, which needs them held)."""
         log = VisitLog.from_staypoints(staypoints, timezone)
         centre_log = None if located is None else located_log(located, locations, timezone)
         routine = Routine(log, num_places, centre_log=centre_log)
@@ -110,7 +113,8 @@ class RoutineData:
             targets[split] = data.target_np
             # train is only fit on: its rows that carry a ranking signal (the others are never read)
             answerable = targets[split] if split == "train" else None
-            candidates[split] = CandidateSet.build(routine, queries[split], answerable)
+            where = spill if split == "train" else None
+            candidates[split] = CandidateSet.build(routine, queries[split], answerable, where)
             if split == "train":
                 continue
             # the head is fit on validation and read on test: train's window and unseen places are never asked

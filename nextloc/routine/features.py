@@ -27,6 +27,8 @@ registered model carries, which a request's newer visits extend (``Routine(..., 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pandas as pd
 
@@ -269,21 +271,27 @@ class Routine:
         q, place = self.candidates(queries)
         return q, place, self.features(queries, q, place)
 
-    def features(
-        self, queries: Queries, q: np.ndarray, place: np.ndarray, chunk: int = CHUNK_QUESTIONS
-    ) -> np.ndarray:
-        """``(rows, F)`` float64: :data:`CANDIDATE_FEATURES` of candidates ``(q, place)`` (``q`` ascending,
-        each question's candidates all there; NaN where undefined), computed ``chunk`` questions at a
-        time: what is held beside the array is one chunk's columns."""
+    def features(self, queries: Queries, q: np.ndarray, place: np.ndarray) -> np.ndarray:
+        """``(rows, F)`` float64: :data:`CANDIDATE_FEATURES` of candidates ``(q, place)`` (NaN where
+        undefined), filled from :meth:`feature_chunks`: beside the array, one chunk's columns are held."""
         out = np.empty((len(q), len(CANDIDATE_FEATURES)))
+        start = 0
+        for chunk in self.feature_chunks(queries, q, place):
+            out[start : start + len(chunk)] = chunk
+            start += len(chunk)
+        return out
+
+    def feature_chunks(
+        self, queries: Queries, q: np.ndarray, place: np.ndarray, chunk: int = CHUNK_QUESTIONS
+    ) -> Iterator[np.ndarray]:
+        """:meth:`features` of ``chunk`` questions at a time, in row order (``q`` ascending, each question's
+        candidates all there: a question's rank features read its other candidates)."""
         bounds = np.searchsorted(q, np.arange(0, len(queries) + chunk, chunk))
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             if hi > lo:
-                chunk = q[lo:hi], place[lo:hi]
-                columns = {**self._visit_features(queries, *chunk), **self._move_features(queries, *chunk)}
-                for j, name in enumerate(CANDIDATE_FEATURES):
-                    out[lo:hi, j] = columns[name]
-        return out
+                rows = q[lo:hi], place[lo:hi]
+                columns = {**self._visit_features(queries, *rows), **self._move_features(queries, *rows)}
+                yield np.column_stack([columns[name] for name in CANDIDATE_FEATURES])
 
     def _visit_features(self, queries: Queries, q: np.ndarray, place: np.ndarray) -> dict[str, np.ndarray]:
         u, now = queries.user[q], queries.now[q]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,6 +37,7 @@ from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.routine.calibration import Calibration
 from nextloc.routine.counts import grouped_softmax
 from nextloc.routine.features import CANDIDATE_FEATURES, Routine
+from nextloc.routine.spill import FeatureFiles, sequences
 from nextloc.routine.trees import TreeEnsemble
 from nextloc.routine.visits import Queries
 
@@ -79,20 +81,28 @@ class CandidateSet:
 
     query: np.ndarray
     place: np.ndarray
-    features: np.ndarray
+    features: np.ndarray | FeatureFiles  # on disk: a training split's (build's spill)
     explore: np.ndarray
     n: int
 
     @classmethod
-    def build(cls, routine: Routine, queries: Queries, target: np.ndarray | None = None) -> CandidateSet:
+    def build(
+        cls, routine: Routine, queries: Queries, target: np.ndarray | None = None, spill: Path | None = None
+    ) -> CandidateSet:
         """Each question's candidates in ``routine`` with their features; with ``target`` ``(N,)``, only
         the questions whose target is a candidate keep theirs (:meth:`answerable`), the others' features
-        never computed."""
+        never computed. ``spill``: a folder the features are written to chunk by chunk
+        (:class:`~nextloc.routine.spill.FeatureFiles`), never held: a training split that LightGBM alone
+        reads (:meth:`ranking_rows`; nothing else reads them)."""
         query, place = routine.candidates(queries)
         if target is not None:
             keep = _has_target(query, place, target, len(queries))[1][query]
             query, place = query[keep], place[keep]
-        features = routine.features(queries, query, place)
+        if spill is None:
+            features = routine.features(queries, query, place)
+        else:
+            chunks = routine.feature_chunks(queries, query, place)
+            features = FeatureFiles.write(spill, chunks, len(CANDIDATE_FEATURES))
         return cls(query, place, features, routine.explore_features(queries), len(queries))
 
     def column(self, name: str) -> np.ndarray:
@@ -264,7 +274,7 @@ class RoutineRanker:
         )
         self.model, self.trees = None, None
         self.booster = lightgbm.train(
-            {**RANKER_PARAMS, "seed": self.seed},
+            ranker_params(self.seed),
             fit_set,
             RANKER_MAX_TREES,
             valid_sets=[val_set],
@@ -279,7 +289,7 @@ class RoutineRanker:
 
         refit = RoutineRanker(self.seed, calibration=self.calibration)
         refit.booster = lightgbm.train(
-            {**RANKER_PARAMS, "seed": self.seed}, _ranking_set(questions, target), self.best_iteration
+            ranker_params(self.seed), _ranking_set(questions, target), self.best_iteration
         )
         return refit
 
@@ -309,6 +319,21 @@ class RoutineRanker:
         return cls(int(state["seed"]), str(state["model"]), Calibration.from_state(state.get("calibration")))
 
 
+def ranker_params(seed: int) -> dict[str, Any]:
+    """:data:`RANKER_PARAMS` with ``seed``, and the seed of the rows sampled for the bins that LightGBM
+    derives from it: LightGBM reads a training set held in chunks (:mod:`nextloc.routine.spill`) without
+    ``seed``, so it is given the derived one, and the bins (and the trees) are the same either way."""
+    return {**RANKER_PARAMS, "seed": seed, "data_random_seed": lightgbm_data_seed(seed)}
+
+
+def lightgbm_data_seed(seed: int) -> int:
+    """The ``data_random_seed`` LightGBM derives from ``seed`` (its ``Config::Set``: the first
+    ``Random(seed).NextShort(0, 32767)``, a 32-bit linear congruential step); held to LightGBM's own by
+    ``tests/nextloc/routine/test_spill.py``."""
+    state = (214013 * (seed & 0xFFFFFFFF) + 2531011) & 0xFFFFFFFF
+    return ((state >> 16) & 0x7FFF) % 32767
+
+
 def _ranking_set(questions: CandidateSet, target: np.ndarray) -> Any:
     """LightGBM's ranking data of the questions whose target is a candidate (:meth:`CandidateSet.ranking_rows`),
     its columns named :data:`~nextloc.routine.features.CANDIDATE_FEATURES` (then ``extra_<i>``: a benchmark's
@@ -317,7 +342,8 @@ def _ranking_set(questions: CandidateSet, target: np.ndarray) -> Any:
 
     features, labels, groups = questions.ranking_rows(target)
     extra = [f"extra_{i}" for i in range(features.shape[1] - len(CANDIDATE_FEATURES))]
-    return lightgbm.Dataset(features, labels, group=groups, feature_name=[*CANDIDATE_FEATURES, *extra])
+    data = sequences(features) if isinstance(features, FeatureFiles) else features
+    return lightgbm.Dataset(data, labels, group=groups, feature_name=[*CANDIDATE_FEATURES, *extra])
 
 
 def log_probabilities(

@@ -183,7 +183,8 @@ def test_features_in_chunks_and_answerable_questions_alone_equal_the_whole_sets(
     routine = Routine(log, NUM_PLACES)
     queries = queries_for_targets(log, targets)
     q, place, features = routine.candidate_features(queries)
-    np.testing.assert_array_equal(routine.features(queries, q, place, chunk=2), features)
+    chunks = list(routine.feature_chunks(queries, q, place, chunk=2))
+    np.testing.assert_array_equal(np.concatenate([features[:0], *chunks]), features)
     target = log.place[targets]  # make_log's staypoint ids are the log's rows
     alone = CandidateSet.build(routine, queries, target)
     answerable = CandidateSet.build(routine, queries).answerable(target)
