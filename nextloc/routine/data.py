@@ -17,6 +17,7 @@ trees are refit on train and validation without the block, the same user's quest
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,6 +71,8 @@ class RoutineData:
         queries: ``split -> Queries`` each question.
         windows: ``split -> (N, T)`` each question's places of the 7 days before its now: the new-place
             head's window (every split but train).
+        spill: the folder the candidates' features are in when they are not held (:meth:`build`); it
+            goes with the last copy of this data that holds it.
     """
 
     routine: Routine
@@ -80,6 +83,7 @@ class RoutineData:
     unseen: dict[str, CandidateSet]
     queries: dict[str, Queries]
     windows: dict[str, np.ndarray]
+    spill: tempfile.TemporaryDirectory | None = None
 
     @classmethod
     def build(
@@ -91,7 +95,7 @@ class RoutineData:
         timezone: str = "UTC",
         previous_days: int = 7,
         located: pd.DataFrame | None = None,
-        spill: Path | None = None,
+        spill: tempfile.TemporaryDirectory | None = None,
     ) -> RoutineData:
         """From ``staypoints.parquet`` (with its coordinates), ``vocabulary/locations.parquet`` (the places'
         train visits) and each split's samples (their ``staypoint_id`` names the target).
@@ -99,9 +103,10 @@ class RoutineData:
         ``located``: the dataset's located staypoints (``03_locations/staypoints_located.parquet``: raw
         ``location_id``, ``started_at``, ``latitude``, ``longitude``), every user's before merging, whose
         coordinates give the places' centres as of now, as the vocabulary's centres come from all of them
-        (None: the final staypoints' coordinates). ``spill``: a folder train's candidate features are
-        written to rather than held (:meth:`CandidateSet.build`: what a ``ranker`` fits on; ``ranker_refit``
-        refits on them with validation's, which needs them held)."""
+        (None: the final staypoints' coordinates). ``spill``: a folder every split's candidate features
+        are written to rather than held (:meth:`CandidateSet.build`: a ``ranker``'s; ``ranker_refit`` cuts
+        and joins validation's and train's, and ``routine`` reads columns many times: held), removed
+        with the last copy of this data."""
         log = VisitLog.from_staypoints(staypoints, timezone)
         centre_log = None if located is None else located_log(located, locations, timezone)
         routine = Routine(log, num_places, centre_log=centre_log)
@@ -113,20 +118,21 @@ class RoutineData:
             targets[split] = data.target_np
             # train is only fit on: its rows that carry a ranking signal (the others are never read)
             answerable = targets[split] if split == "train" else None
-            where = spill if split == "train" else None
-            candidates[split] = CandidateSet.build(routine, queries[split], answerable, where)
+            folder = _folder(spill, split)
+            candidates[split] = CandidateSet.build(routine, queries[split], answerable, folder)
             if split == "train":
                 continue
             # the head is fit on validation and read on test: train's window and unseen places are never asked
             windows[split] = window_places(log, queries[split], previous_days)
-            unseen[split] = CandidateSet.build(places.routine, queries_for_targets(places.log, ids))
+            unseen_queries, folder = queries_for_targets(places.log, ids), _folder(spill, f"unseen-{split}")
+            unseen[split] = CandidateSet.build(places.routine, unseen_queries, spill=folder)
         popularity = place_popularity(locations, num_places)
-        return cls(routine, candidates, targets, popularity, places, unseen, queries, windows)
+        return cls(routine, candidates, targets, popularity, places, unseen, queries, windows, spill)
 
     def index_only(self) -> RoutineData:
         """The routine and the unseen places' routine (what a registered bundle's tally is read from),
         without the splits' questions: what is kept once they are answered (their memory grows with the data)."""
-        return replace(self, candidates={}, targets={}, unseen={}, queries={}, windows={})
+        return replace(self, candidates={}, targets={}, unseen={}, queries={}, windows={}, spill=None)
 
     def fit(self, kind: str, seed: int = 0) -> CandidateScorer:
         """Fit ``kind`` (``routine``: weights chosen on val; ``ranker``: fit on train, trees chosen on val),
@@ -219,15 +225,24 @@ class RoutineData:
         with fewer visits (every user's) before now (:data:`MIN_PAST_VISITS`: the protocol's DBSCAN effect)."""
         places = self.unseen[split]
         scores = model.scores(places) if scores is None else scores
+        keep = None
         if min_past_visits:
             visits = np.rint(np.expm1(places.column("log_popularity")))
             keep = (places.place < self.unseen_places.num_places) | (visits >= min_past_visits)
-            places, scores = places.candidates_where(keep), scores[keep]
-        share = self.unseen_places.share(places, scores, model.calibration.temperature)
+        share = self.unseen_places.share(places, scores, model.calibration.temperature, keep)
         return np.column_stack([self.candidates[split].explore, share])
 
 
 LOCATED_COLUMNS = ["location_id", "started_at", "latitude", "longitude"]
+
+
+def _folder(spill: tempfile.TemporaryDirectory | None, name: str) -> Path | None:
+    """A new folder ``name`` in ``spill`` (None: none)."""
+    if spill is None:
+        return None
+    folder = Path(spill.name) / name
+    folder.mkdir()
+    return folder
 
 
 def read_located(path: Path | None) -> pd.DataFrame | None:

@@ -92,8 +92,9 @@ class CandidateSet:
         """Each question's candidates in ``routine`` with their features; with ``target`` ``(N,)``, only
         the questions whose target is a candidate keep theirs (:meth:`answerable`), the others' features
         never computed. ``spill``: a folder the features are written to chunk by chunk
-        (:class:`~nextloc.routine.spill.FeatureFiles`), never held: a training split that LightGBM alone
-        reads (:meth:`ranking_rows`; nothing else reads them)."""
+        (:class:`~nextloc.routine.spill.FeatureFiles`), never held: a ranker's, which LightGBM reads as a
+        sequence of chunks and the ranker scores a chunk at a time (:meth:`column` reads them too; the
+        methods that cut or join sets need them held)."""
         query, place = routine.candidates(queries)
         if target is not None:
             keep = _has_target(query, place, target, len(queries))[1][query]
@@ -107,6 +108,8 @@ class CandidateSet:
 
     def column(self, name: str) -> np.ndarray:
         """One candidate feature, ``(R,)``."""
+        if isinstance(self.features, FeatureFiles):
+            return self.features.column(CANDIDATE_FEATURES.index(name))
         return self.features[:, CANDIDATE_FEATURES.index(name)]
 
     def labels(self, target: np.ndarray) -> np.ndarray:
@@ -269,8 +272,9 @@ class RoutineRanker:
 
         fit_set = _ranking_set(train, train_target)
         sizes = np.bincount(val.query, minlength=val.n)
+        val_rows = sequences(val.features) if isinstance(val.features, FeatureFiles) else val.features
         val_set = lightgbm.Dataset(
-            val.features, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
+            val_rows, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
         )
         self.model, self.trees = None, None
         self.booster = lightgbm.train(
@@ -302,9 +306,14 @@ class RoutineRanker:
             raise RuntimeError("call fit() first")
         if not len(candidates.query):
             return np.zeros(0)
+        if isinstance(candidates.features, FeatureFiles):
+            return candidates.features.map(self._predict)
+        return self._predict(candidates.features)
+
+    def _predict(self, features: np.ndarray) -> np.ndarray:
         if self.trees is not None:
-            return self.trees.predict(candidates.features)
-        return self.booster.predict(candidates.features, num_iteration=self.best_iteration)
+            return self.trees.predict(features)
+        return self.booster.predict(features, num_iteration=self.best_iteration)
 
     def state(self) -> dict[str, Any]:
         model = (

@@ -1,17 +1,18 @@
-"""A training split's candidate features on disk, chunk by chunk: what LightGBM fits on without one process
-holding every row.
+"""A ranker's candidate features on disk, chunk by chunk: what LightGBM fits on, and the ranker answers,
+without one process holding every row.
 
 :class:`FeatureFiles` writes each chunk of rows (the features of a few thousand questions,
 :meth:`nextloc.routine.features.Routine.feature_chunks`) to its own ``.npy`` file as it is computed;
 :func:`sequences` gives LightGBM the chunks as a list of ``lightgbm.Sequence``, which it reads twice in row
 order (a sample of rows for the bins, then every row), one chunk in memory at a time. LightGBM samples the
 same rows and bins the same values as from one array, so the trees are the same
-(``tests/nextloc/routine/test_spill.py``).
+(``tests/nextloc/routine/test_spill.py``). :meth:`FeatureFiles.map` scores them a chunk at a time (a tree's
+score reads its row alone).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,14 @@ class FeatureFiles:
     def read(self, chunk: int) -> np.ndarray:
         """The rows of chunk ``chunk``."""
         return np.load(self.paths[chunk], allow_pickle=False)
+
+    def column(self, index: int) -> np.ndarray:
+        """``(rows,)`` feature ``index`` of every row."""
+        return self.map(lambda rows: rows[:, index])
+
+    def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """``fn`` of each chunk's rows (one value per row: a model's scores), joined in row order."""
+        return np.concatenate([np.zeros(0), *(fn(self.read(chunk)) for chunk in range(len(self.paths)))])
 
 
 def sequences(files: FeatureFiles) -> list[Any]:

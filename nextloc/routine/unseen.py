@@ -123,11 +123,20 @@ class UnseenPlaces:
         by_centre = None if centre_log is None else _extended(centre_log, raw, first)
         return cls(Routine(extended, size, all_centres, tally, by_centre), num_places, int(held))
 
-    def share(self, candidates: Candidates, scores: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    def share(
+        self,
+        candidates: Candidates,
+        scores: np.ndarray,
+        temperature: float = 1.0,
+        keep: np.ndarray | None = None,
+    ) -> np.ndarray:
         """``unseen_return_share`` of each question of ``candidates`` (this routine's, scored ``scores``):
-        :func:`unseen_share` of its places outside the vocabulary."""
-        is_unseen = candidates.place >= self.num_places
-        return unseen_share(candidates.query, scores, is_unseen, candidates.n, temperature)
+        :func:`unseen_share` of its places outside the vocabulary (``keep`` ``(R,)``: among these
+        candidates only, default all)."""
+        query, place, scores = candidates.query, candidates.place, np.asarray(scores)
+        if keep is not None:
+            query, place, scores = query[keep], place[keep], scores[keep]
+        return unseen_share(query, scores, place >= self.num_places, candidates.n, temperature)
 
     @property
     def log(self) -> VisitLog:

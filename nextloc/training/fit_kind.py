@@ -248,21 +248,21 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
     config = PreprocessConfig.model_validate(meta["config"])
     staypoints, locations, located = files
     started = time.perf_counter()
-    # a ranker's training rows go to disk as they are built and LightGBM reads them from there; nothing
-    # reads them after the fit (ranker_refit refits on them with validation's: held)
-    with tempfile.TemporaryDirectory(prefix="nextloc-ranker-") as spill:
-        data = RoutineData.build(
-            pd.read_parquet(staypoints),
-            pd.read_parquet(locations),
-            splits,
-            vocab["total_loc_num"],
-            config.timezone,
-            config.samples.previous_days,
-            read_located(located),
-            spill=Path(spill) if kind == "ranker" else None,
-        )
-        built = time.perf_counter() - started
-        selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
+    # a ranker's candidate rows go to disk as they are built: LightGBM and the ranker read them from there
+    # (the folder goes with the data's last copy that holds it: RoutineData.index_only)
+    spill = tempfile.TemporaryDirectory(prefix="nextloc-ranker-") if kind == "ranker" else None
+    data = RoutineData.build(
+        pd.read_parquet(staypoints),
+        pd.read_parquet(locations),
+        splits,
+        vocab["total_loc_num"],
+        config.timezone,
+        config.samples.previous_days,
+        read_located(located),
+        spill=spill,
+    )
+    built = time.perf_counter() - started
+    selection = data.fit("ranker" if kind == "ranker_refit" else kind, seed)
     selection_val = selection.scores(data.candidates["val"])
     head_val, val_unseen, model = selection_val, None, selection
     if kind == "ranker_refit":  # its head reads validation's cross-fitted answers (RoutineData.refit)

@@ -47,15 +47,24 @@ def test_spilled_rows_bin_as_one_array(tmp_path, questions) -> None:
     assert binned(files, target, tmp_path / "a.bin") == binned(candidates, target, tmp_path / "b.bin")
 
 
-def test_a_ranker_fit_on_spilled_rows_is_the_same_model(tmp_path) -> None:
+def test_a_ranker_fit_on_spilled_rows_is_the_same_model_and_scores_them_alike(tmp_path) -> None:
+    """Train's and validation's rows on disk (validation's binned by train's bins): the same trees; the
+    ranker's scores and a feature column read chunk by chunk equal those of one array."""
     rng = np.random.default_rng(12)
     train, train_target = candidate_set(rng, 400, per_query=5)
     val, val_target = candidate_set(rng, 100, per_query=5)
-    files = spilled(train, tmp_path, [333, 1, 500])
+    for name in ("train", "val"):
+        (tmp_path / name).mkdir()
+    train_files = spilled(train, tmp_path / "train", [333, 1, 500])
+    val_files = spilled(val, tmp_path / "val", [77, 200])
     whole = RoutineRanker(0).fit(train, train_target, val, val_target)
-    chunked = RoutineRanker(0).fit(files, train_target, val, val_target)
+    chunked = RoutineRanker(0).fit(train_files, train_target, val_files, val_target)
     assert chunked.state()["model"] == whole.state()["model"]
-    assert len(list(tmp_path.glob("features-*.npy"))) == 4
+    assert len(list((tmp_path / "train").glob("features-*.npy"))) == 4
+    read_back = RoutineRanker.from_state(whole.state())  # numpy trees
+    for model in (whole, read_back):
+        np.testing.assert_array_equal(model.scores(val_files), model.scores(val))
+    np.testing.assert_array_equal(val_files.column("log_popularity"), val.column("log_popularity"))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 4, 123])
