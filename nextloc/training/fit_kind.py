@@ -251,10 +251,12 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
     # a ranker's candidate rows go to disk as they are built: LightGBM and the ranker read them from there
     # (the folder goes with the data's last copy that holds it: RoutineData.index_only)
     spill = tempfile.TemporaryDirectory(prefix="nextloc-ranker-") if kind == "ranker" else None
+    # the routine rule's weights are chosen on validation: train's questions are never asked of it
+    asked = {s: data for s, data in splits.items() if s != "train" or kind != "routine"}
     data = RoutineData.build(
         pd.read_parquet(staypoints),
         pd.read_parquet(locations),
-        splits,
+        asked,
         vocab["total_loc_num"],
         config.timezone,
         config.samples.previous_days,
