@@ -37,7 +37,7 @@ from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.routine.calibration import Calibration
 from nextloc.routine.counts import grouped_softmax
 from nextloc.routine.features import CANDIDATE_FEATURES, Routine
-from nextloc.routine.spill import FeatureFiles, sequences
+from nextloc.routine.spill import FeatureFiles, ranking_dataset
 from nextloc.routine.trees import TreeEnsemble
 from nextloc.routine.visits import Queries
 
@@ -272,13 +272,10 @@ class RoutineRanker:
 
         fit_set = _ranking_set(train, train_target)
         sizes = np.bincount(val.query, minlength=val.n)
-        val_rows = sequences(val.features) if isinstance(val.features, FeatureFiles) else val.features
-        val_set = lightgbm.Dataset(
-            val_rows, val.labels(val_target), group=sizes[sizes > 0], reference=fit_set
-        )
+        val_set = ranking_dataset(val.features, val.labels(val_target), sizes[sizes > 0], reference=fit_set)
         self.model, self.trees = None, None
         self.booster = lightgbm.train(
-            ranker_params(self.seed),
+            {**RANKER_PARAMS, "seed": self.seed},
             fit_set,
             RANKER_MAX_TREES,
             valid_sets=[val_set],
@@ -293,7 +290,7 @@ class RoutineRanker:
 
         refit = RoutineRanker(self.seed, calibration=self.calibration)
         refit.booster = lightgbm.train(
-            ranker_params(self.seed), _ranking_set(questions, target), self.best_iteration
+            {**RANKER_PARAMS, "seed": self.seed}, _ranking_set(questions, target), self.best_iteration
         )
         return refit
 
@@ -328,31 +325,13 @@ class RoutineRanker:
         return cls(int(state["seed"]), str(state["model"]), Calibration.from_state(state.get("calibration")))
 
 
-def ranker_params(seed: int) -> dict[str, Any]:
-    """:data:`RANKER_PARAMS` with ``seed``, and the seed of the rows sampled for the bins that LightGBM
-    derives from it: LightGBM reads a training set held in chunks (:mod:`nextloc.routine.spill`) without
-    ``seed``, so it is given the derived one, and the bins (and the trees) are the same either way."""
-    return {**RANKER_PARAMS, "seed": seed, "data_random_seed": lightgbm_data_seed(seed)}
-
-
-def lightgbm_data_seed(seed: int) -> int:
-    """The ``data_random_seed`` LightGBM derives from ``seed`` (its ``Config::Set``: the first
-    ``Random(seed).NextShort(0, 32767)``, a 32-bit linear congruential step); held to LightGBM's own by
-    ``tests/nextloc/routine/test_spill.py``."""
-    state = (214013 * (seed & 0xFFFFFFFF) + 2531011) & 0xFFFFFFFF
-    return ((state >> 16) & 0x7FFF) % 32767
-
-
 def _ranking_set(questions: CandidateSet, target: np.ndarray) -> Any:
     """LightGBM's ranking data of the questions whose target is a candidate (:meth:`CandidateSet.ranking_rows`),
     its columns named :data:`~nextloc.routine.features.CANDIDATE_FEATURES` (then ``extra_<i>``: a benchmark's
     added features)."""
-    import lightgbm
-
     features, labels, groups = questions.ranking_rows(target)
     extra = [f"extra_{i}" for i in range(features.shape[1] - len(CANDIDATE_FEATURES))]
-    data = sequences(features) if isinstance(features, FeatureFiles) else features
-    return lightgbm.Dataset(data, labels, group=groups, feature_name=[*CANDIDATE_FEATURES, *extra])
+    return ranking_dataset(features, labels, groups, feature_name=[*CANDIDATE_FEATURES, *extra])
 
 
 def log_probabilities(

@@ -79,3 +79,25 @@ def sequences(files: FeatureFiles) -> list[Any]:
             return last[self.chunk][index]
 
     return [Chunk(chunk) for chunk in range(len(files.paths))]
+
+
+def ranking_dataset(
+    rows: np.ndarray | FeatureFiles,
+    label: np.ndarray,
+    group: np.ndarray,
+    reference: Any = None,
+    feature_name: list[str] | str = "auto",
+) -> Any:
+    """A ``lightgbm.Dataset`` of ``rows`` (an array, or :class:`FeatureFiles` read as :func:`sequences`)
+    that hands LightGBM every parameter when it bins them. From an array LightGBM reads every parameter;
+    from sequences, only its dataset parameters (``Dataset.get_params``), so ``seed`` would not reach the
+    bins' sample nor ``min_data_in_leaf`` the features' pre-filter, and the bins (and trees) would differ.
+    Held to the array's by ``tests/nextloc/routine/test_spill.py``."""
+    import lightgbm  # only when a ranker is fit
+
+    class Dataset(lightgbm.Dataset):
+        def get_params(self) -> dict[str, Any]:
+            return dict(self.params or {})
+
+    data = sequences(rows) if isinstance(rows, FeatureFiles) else rows
+    return Dataset(data, label, group=group, reference=reference, feature_name=feature_name)
