@@ -58,7 +58,7 @@ def _start_worker(folder: Path, env: dict[str, str], api: str) -> subprocess.Pop
     )
 
 
-def _wait_online(api: str, n: int, headers: dict[str, str], timeout_s: float = 120) -> None:
+def _wait_online(api: str, n: int, headers: dict[str, str], timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         workers = _post(f"{api}/work_pools/nextloc/workers/filter", {}, headers=headers)
