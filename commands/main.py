@@ -152,6 +152,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args, profile)
     check_raw_dir(inputs["raw_dir"])
     models, seeds, model_set, train_set = _train_plan(args)
+    runner, tracking = _runner(args), _tracking(args)
     local_api.start_if_needed()  # the arguments are valid: a new API boots while the flows import
     neural = _neural(models)
     from flows.pipeline import preprocess_train, profile_parameters
@@ -165,22 +166,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         kinds=neural,
         model_set=model_set,
         train_set=train_set,
+        training={"models": models, "seeds": seeds, "device": args.device, "workers": max(1, args.workers)},
         **input_options(args, profile),
     )
     with local_api.ready():
-        result = preprocess_train(
-            **parameters,
-            models=models,
-            seeds=seeds,
-            device=args.device,
-            workers=max(1, args.workers),
-            task_runner=args.task_runner,
-            dask_address=args.dask_address,
-            dask_workers=args.dask_workers,
-            dbscan_tiles=args.dbscan_tiles,
-            tracking_uri=args.tracking_uri,
-            experiment=args.experiment,
-        )
+        result = preprocess_train(**parameters, runner=runner, tracking=tracking)
     output.print_summary(result)
     output.print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
     for kind, decision in result["promotion"].items():
@@ -201,6 +191,25 @@ def _train_plan(args: argparse.Namespace) -> tuple[list[str], list[int], dict, d
             if kind in neural_kinds():
                 check_kind_overrides(kind, model_set, train_set)
     return models, seeds, model_set, train_set
+
+
+def _runner(args: argparse.Namespace) -> Any:
+    """The ``runner`` section from the command line (checked: before the API starts)."""
+    from runtime.runners import Runner
+
+    return Runner(
+        task_runner=args.task_runner,
+        dask_address=args.dask_address,
+        dask_workers=args.dask_workers,
+        dbscan_tiles=getattr(args, "dbscan_tiles", 0),
+    )
+
+
+def _tracking(args: argparse.Namespace) -> Any:
+    """The ``tracking`` section from the command line."""
+    from tracking.store import Tracking
+
+    return Tracking(tracking_uri=args.tracking_uri, experiment=args.experiment)
 
 
 def _neural(models: list[str]) -> list[str]:
@@ -224,28 +233,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     models, seeds, model_set, train_set = _train_plan(args)
     require_preprocessed(args.data_dir)  # before the API starts, not in the flow
-    if args.dask_address and args.task_runner != "dask":
-        raise ValueError("--dask-address is only used with --task-runner dask")
-    local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
+    runner, tracking = _runner(args), _tracking(args)
     neural = _neural(models)
+    from tasks.train import TrainRun
+
+    workers = max(1, args.workers)
+    training = TrainRun(
+        models=models,
+        seeds=seeds,
+        model_overrides={m: model_set for m in neural},
+        train_overrides={m: train_set for m in neural},
+        device=args.device,
+        workers=workers,
+    )
+    local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
     from flows.train import train
     from runtime.progress import quiet_task_runs_on_console
-    from runtime.runners import make_training_runner
 
     quiet_task_runs_on_console()
-    dask = args.task_runner == "dask"
-    workers = args.dask_workers if dask else max(1, args.workers)
     with local_api.ready():  # a Dask runner points its workers at the API (runtime.runners)
-        runner = make_training_runner(args.task_runner, workers, args.dask_address)
-        result = train.with_options(task_runner=runner)(
-            data_dir=str(args.data_dir),
-            models=models,
-            seeds=seeds,
-            model_overrides={m: model_set for m in neural},
-            train_overrides={m: train_set for m in neural},
-            tracking_uri=args.tracking_uri,
-            experiment=args.experiment,
-            device=args.device,
+        result = train.with_options(task_runner=runner.trainings(workers))(
+            data_dir=str(args.data_dir), training=training, tracking=tracking
         )
     output.print_leaderboard(result["leaderboard"], f"MLflow parent run {result['parent_run_id']}")
     return 0

@@ -5,63 +5,58 @@ evaluate -> register and promote -> summary. Every task is cached, so a rerun on
 config is all cache hits (training included) and a changed model parameter retrains only that model.
 
 ``raw_dir`` defaults to $NEXTLOC_GEOLIFE_DIR, ``data/raw/geolife``, a local archive, or the download.
-``task_runner="dask"`` fans per-user work out to a new ``LocalCluster`` of ``dask_workers`` processes, or to
-the cluster at ``dask_address``, and the trainings after it, one task per (kind, seed) (the process pool's
-results); ``dbscan_tiles`` > 0 runs the dataset-level DBSCAN by that many spatial tiles there too (same ids).
+``runner.task_runner="dask"`` fans per-user work out to a new ``LocalCluster`` of ``runner.dask_workers``
+processes, or to the cluster at ``runner.dask_address``, and the trainings after it, one task per (kind, seed)
+(the process pool's results); ``runner.dbscan_tiles`` > 0 runs the dataset-level DBSCAN by that many spatial
+tiles there too (same ids).
 
 Each dataset profile is deployed as ``preprocess-train/<name>`` with the parameters :func:`profile_parameters`
-gives it (``flows/serve.py``); a section passed at run time replaces the profile's section.
+gives it (``flows/serve.py``); a section passed at run time replaces the profile's section (Prefect merges a
+run's parameters over the deployment's by name): give ``preprocess`` or ``training`` whole where the profile
+sets keys of it.
 
-Promotion (the one champion rule, :mod:`tasks.promotion`): per model kind, the seed best on ``promote_metric``
-(validation) is the challenger version; it takes the ``champion`` alias only if the kind's seeds beat the
-current champion on test ``decision_metric`` (a place metric by default) by at least ``min_effect`` points
-with a paired bootstrap p < 0.05, both scored on this run's test samples (a champion from earlier data reads
-them in its own ids, matched within ``match_radius_m``). The test, the p-value, per-user-group differences
+Promotion (the one champion rule, :mod:`tasks.promotion`; the ``promotion`` section): per model kind, the
+seed best on ``promote_metric`` (validation) is the challenger version; it takes the ``champion`` alias only
+if the kind's seeds beat the current champion on test ``decision_metric`` (a place metric by default) by at
+least ``min_effect`` points with a paired bootstrap p < 0.05, both scored on this run's test samples (a
+champion from earlier data reads them in its own ids, matched within ``match_radius_m``). The test, the p-value, per-user-group differences
 and the decision go to the MLflow parent run.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from prefect import flow
-from pydantic import Field
-
-from flows.preprocess import preprocess
-from flows.train import DEFAULT_MODELS, train
-from nextloc.config import (
-    DuplicateConfig,
-    LocationConfig,
-    PreprocessConfig,
-    QualityConfig,
-    SampleConfig,
-    SplitConfig,
-    StaypointConfig,
-)
+from flows.preprocess import preprocess as preprocess_flow
+from flows.train import train as train_flow
+from nextloc.config import PreprocessConfig
 from nextloc.io.inputs import InputFormat
 from nextloc.models.registry import neural_kinds
 from nextloc.profiles import DatasetProfile
-from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_overrides
+from nextloc.training.overrides import resolve_overrides
 from runtime.locking import data_dir_lock
-from runtime.runners import make_task_runner, make_training_runner
+from runtime.runners import Runner
+from runtime.sections import moved, sectioned_flow
 from tasks.pipeline import publish_summary, resolve_raw_dir
-from tasks.promotion import (
-    DEFAULT_DECISION_METRIC,
-    DEFAULT_MIN_EFFECT,
-    DEFAULT_PROMOTE_METRIC,
-    DecisionMetric,
-    PromoteMetric,
-)
-from tasks.train import ModelKind
-from tracking import mlflow_runs
+from tasks.promotion import PromotionRule
+from tasks.train import TrainRun
+from tracking.store import Tracking
 
-Seed = Annotated[int, Field(ge=0)]
+#: The flat parameters of ``preprocess-train`` before its sections, and where each went.
+RENAMED = {
+    **moved("preprocess", PreprocessConfig.model_fields),
+    **moved("training", TrainRun.model_fields),
+    **moved("promotion", PromotionRule.model_fields),
+    **moved("runner", Runner.model_fields),
+    **moved("tracking", Tracking.model_fields),
+}
 
 
-@flow(
+@sectioned_flow(
+    RENAMED,
     name="preprocess-train",
-    flow_run_name="{input_format} {data_dir}: {models} x seeds {seeds}",
+    flow_run_name="{input_format} {data_dir}: {training.models} x seeds {training.seeds}",
     validate_parameters=True,
 )
 def preprocess_train(
@@ -70,72 +65,42 @@ def preprocess_train(
     input_format: InputFormat = "geolife",
     columns: dict[str, str] | None = None,
     input_timezone: str = "UTC",
-    timezone: str = "UTC",
-    staypoints: StaypointConfig = StaypointConfig(),
-    quality: QualityConfig = QualityConfig(),
-    locations: LocationConfig = LocationConfig(),
-    split: SplitConfig = SplitConfig(),
-    samples: SampleConfig = SampleConfig(),
-    duplicates: DuplicateConfig = DuplicateConfig(),
-    models: list[ModelKind] = DEFAULT_MODELS,
-    seeds: Annotated[list[Seed], Field(min_length=1)] = [0],  # noqa: B006 (a JSON default for the UI)
-    model_overrides: ModelOverrides | None = None,
-    train_overrides: TrainOverrides | None = None,
-    device: Literal["auto", "cpu", "cuda"] = "auto",
-    workers: Annotated[int, Field(ge=1)] = 2,
-    promote_metric: PromoteMetric = DEFAULT_PROMOTE_METRIC,
-    decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
-    min_effect: Annotated[float, Field(ge=0)] = DEFAULT_MIN_EFFECT,
-    match_radius_m: Annotated[float, Field(gt=0)] = 50.0,
-    task_runner: Literal["local", "dask"] = "local",
-    dask_address: str | None = None,
-    dask_workers: Annotated[int, Field(ge=1)] | None = None,
-    dbscan_tiles: Annotated[int, Field(ge=0)] = 0,
-    tracking_uri: str | None = None,
-    experiment: str = mlflow_runs.DEFAULT_EXPERIMENT,
-    mlflow_ui_url: str | None = None,
+    preprocess: PreprocessConfig = PreprocessConfig(),
+    training: TrainRun = TrainRun(),
+    promotion: PromotionRule = PromotionRule(),
+    runner: Runner = Runner(),
+    tracking: Tracking = Tracking(),
 ) -> dict[str, Any]:
     """Preprocess trajectories (GeoLife by default), train and evaluate every model x seed, register and
     promote, summarise (the module docstring has the details).
 
-    Parameters are typed and validated (by pydantic, through Prefect) before any work starts. The config
-    sections (``staypoints``, ``locations``, ...) take partial JSON: ``--param locations='{"epsilon_m": 50}'``
-    sets one key and keeps the other defaults; ``model_overrides`` / ``train_overrides`` set keys of a neural
-    kind's model config and training recipe (``{"mhsa": {"max_epochs": 2}}``, :mod:`nextloc.training.overrides`).
+    Parameters are typed and validated (by pydantic, through Prefect) before any work starts. The inputs
+    are flat; the settings are sections, each a frozen model that takes partial JSON (its other keys keep
+    their defaults): ``preprocess`` (:class:`nextloc.config.PreprocessConfig`: ``--param
+    preprocess='{"locations": {"epsilon_m": 50}}'``), ``training`` (:class:`tasks.train.TrainRun`: models,
+    seeds, per-kind ``model_overrides`` / ``train_overrides`` such as ``{"mhsa": {"max_epochs": 2}}``,
+    device, workers), ``promotion`` (:class:`tasks.promotion.PromotionRule`), ``runner``
+    (:class:`runtime.runners.Runner`) and ``tracking`` (:class:`tracking.store.Tracking`). A flat name from
+    before the sections is refused naming its section (:mod:`runtime.sections`).
     """
-    per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)  # before any work
-    sections = {"staypoints": staypoints, "quality": quality, "locations": locations, "split": split}
-    config = PreprocessConfig(timezone=timezone, samples=samples, duplicates=duplicates, **sections)
+    resolve_overrides(training.model_overrides, training.train_overrides)  # before any work
     with data_dir_lock(data_dir):  # one writer per data directory (re-entrant for the subflows)
         found = _raw_input(input_format, raw_dir)
-        runner = make_task_runner(task_runner, dask_workers, dask_address)
-        preprocessed = preprocess.with_options(task_runner=runner)(
+        preprocessed = preprocess_flow.with_options(task_runner=runner.per_user())(
             raw_dir=found,
             data_dir=data_dir,
-            config=config,
+            config=preprocess,
             input_format=input_format,
             columns=columns,
             input_timezone=input_timezone,
-            dbscan_tiles=dbscan_tiles,
+            dbscan_tiles=runner.dbscan_tiles,
         )
-        trainings = make_training_runner(
-            task_runner, dask_workers if task_runner == "dask" else workers, dask_address
+        trained = train_flow.with_options(task_runner=runner.trainings(training.workers))(
+            data_dir=preprocessed["data_dir"], training=training, promotion=promotion, tracking=tracking
         )
-        trained = train.with_options(task_runner=trainings)(
-            data_dir=preprocessed["data_dir"],
-            models=list(models),
-            seeds=list(seeds),
-            model_overrides=per_kind_model,
-            train_overrides=per_kind_train,
-            tracking_uri=tracking_uri,
-            experiment=experiment,
-            device=device,
-            promote_metric=promote_metric,
-            decision_metric=decision_metric,
-            min_effect=min_effect,
-            match_radius_m=match_radius_m,
+        summary = publish_summary(
+            preprocessed, trained, tracking.tracking_uri, tracking.experiment, tracking.mlflow_ui_url
         )
-        summary = publish_summary(preprocessed, trained, tracking_uri, experiment, mlflow_ui_url)
         return {
             **{key: preprocessed[key] for key in ("data_dir", "stats", "ingest", "users_run")},
             "preprocess_flow_run_id": preprocessed["flow_run_id"],
@@ -164,6 +129,7 @@ def profile_parameters(
     kinds: list[str] | None = None,
     model_set: dict[str, Any] | None = None,
     train_set: dict[str, Any] | None = None,
+    training: dict[str, Any] | None = None,
     **inputs: Any,
 ) -> dict[str, Any]:
     """The ``preprocess-train`` parameters of a dataset profile, as plain JSON values.
@@ -175,21 +141,24 @@ def profile_parameters(
         config: the preprocessing config (default: the profile's own, :meth:`DatasetProfile.config`).
         kinds: the neural model kinds to give overrides (default: those the profile has presets for).
         model_set, train_set: keys set on top of the presets for every kind in ``kinds``.
+        training: other keys of the ``training`` section (``models``, ``seeds``, ``device``, ``workers``).
         inputs: ``raw_dir``, ``data_dir``, ``input_format``, ``columns``, ``input_timezone`` over the
             profile's (:meth:`DatasetProfile.inputs`).
 
     Returns:
-        The input parameters, one per config section (``timezone``, ``staypoints``, ...: the whole section),
-        ``model_overrides`` and ``train_overrides``.
+        The input parameters, the whole ``preprocess`` section, and the ``training`` section: the profile's
+        ``model_overrides`` and ``train_overrides`` (and ``training``'s keys).
     """
     config = config or profile.config()
     if kinds is None:
         kinds = [k for k in neural_kinds() if k in profile.models or k in profile.train]
     model_overrides, train_overrides = profile.presets(kinds, model_set, train_set)
-    sections = config.model_dump(mode="json")
     return {
         **profile.inputs(**inputs),
-        **{section: sections[section] for section in PreprocessConfig.model_fields},
-        "model_overrides": model_overrides,
-        "train_overrides": train_overrides,
+        "preprocess": config.model_dump(mode="json"),
+        "training": {
+            **(training or {}),
+            "model_overrides": model_overrides,
+            "train_overrides": train_overrides,
+        },
     }

@@ -10,63 +10,68 @@ steps, training and the champion/challenger decision run again on the new data.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from prefect import flow, get_run_logger
-from pydantic import Field
+from prefect import get_run_logger
 
 from flows.pipeline import preprocess_train
-from flows.train import DEFAULT_MODELS
-from nextloc.raw.dumps import DEFAULT_MAX_BAD_ROW_SHARE
-from nextloc.training.overrides import ModelOverrides, TrainOverrides
+from nextloc.config import PreprocessConfig
 from runtime.locking import data_dir_lock
-from tasks.dumps import merge_new_dumps
-from tasks.promotion import DEFAULT_DECISION_METRIC, DecisionMetric
-from tasks.train import ModelKind
+from runtime.runners import Runner
+from runtime.sections import moved, sectioned_flow
+from tasks.dumps import DumpIntake, merge_new_dumps
+from tasks.promotion import PromotionRule
+from tasks.train import TrainRun
+from tracking.store import Tracking
+
+#: The flat parameters of ``retrain`` before its sections, and where each went.
+RENAMED = {
+    **moved("training", ("models", "seeds", "model_overrides", "train_overrides")),
+    **moved("promotion", ("decision_metric",)),
+    **moved("intake", DumpIntake.model_fields),
+    **moved("tracking", ("tracking_uri",)),
+    "pipeline": "one of retrain's sections (preprocess, training, promotion, runner, tracking)",
+}
 
 
-@flow(name="retrain", flow_run_name="retrain {incoming_dir} -> {raw_dir}", validate_parameters=True)
+@sectioned_flow(
+    RENAMED, name="retrain", flow_run_name="retrain {incoming_dir} -> {raw_dir}", validate_parameters=True
+)
 def retrain(
     incoming_dir: str = "data/incoming",
     raw_dir: str = "data/raw/geolife",
     data_dir: str = "data/geolife",
-    models: list[ModelKind] = DEFAULT_MODELS,
-    seeds: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = [0],  # noqa: B006
-    model_overrides: ModelOverrides | None = None,
-    train_overrides: TrainOverrides | None = None,
-    decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
-    min_age_s: Annotated[float, Field(ge=0)] = 60.0,
-    max_bad_row_share: Annotated[float, Field(ge=0, le=1)] = DEFAULT_MAX_BAD_ROW_SHARE,
-    force: bool = False,
-    tracking_uri: str | None = None,
-    pipeline: dict[str, Any] | None = None,
+    input_timezone: str = "UTC",
+    intake: DumpIntake = DumpIntake(),
+    preprocess: PreprocessConfig = PreprocessConfig(),
+    training: TrainRun = TrainRun(),
+    promotion: PromotionRule = PromotionRule(),
+    runner: Runner = Runner(),
+    tracking: Tracking = Tracking(),
 ) -> dict[str, Any]:
-    """Merge new dumps from ``incoming_dir`` into ``raw_dir``; if anything new arrived (or ``force``), retrain.
+    """Merge new dumps from ``incoming_dir`` into ``raw_dir``; if anything new arrived (or ``intake.force``),
+    retrain.
 
-    Args:
-        min_age_s: dumps changed more recently than this are left for the next run (a copy may be running).
-        max_bad_row_share: a dump with a file that has more than this share of bad rows (or no valid row)
-            is quarantined whole: the raw store is append-only.
-        force: run ``preprocess-train`` even if no new file arrived.
-        pipeline: any other ``preprocess-train`` parameter (``{"locations": {"epsilon_m": 50}}``).
+    ``intake`` (:class:`tasks.dumps.DumpIntake`) says which dumps are merged; ``input_timezone`` and the
+    sections ``preprocess``, ``training``, ``promotion``, ``runner`` and ``tracking`` go to
+    ``preprocess-train`` as they are (:func:`flows.pipeline.preprocess_train`).
     """
     logger = get_run_logger()
     staging = str(Path(data_dir) / "_dumps" / "staging")
     with data_dir_lock(raw_dir):  # one merger per raw store
-        merged = merge_new_dumps(incoming_dir, raw_dir, staging, min_age_s, max_bad_row_share)
-    if not merged["files_new"] and not force:
+        merged = merge_new_dumps(incoming_dir, raw_dir, staging, intake.min_age_s, intake.max_bad_row_share)
+    if not merged["files_new"] and not intake.force:
         logger.info("no new trajectory files (%d dumps seen); nothing to retrain", len(merged["dumps"]))
         return {"retrained": False, "merged": merged}
     logger.info("%d new files for users %s: retraining", merged["files_new"], merged["users"])
     result = preprocess_train(
         raw_dir=raw_dir,
         data_dir=data_dir,
-        models=models,
-        seeds=seeds,
-        model_overrides=model_overrides,
-        train_overrides=train_overrides,
-        decision_metric=decision_metric,
-        tracking_uri=tracking_uri,
-        **(pipeline or {}),
+        input_timezone=input_timezone,
+        preprocess=preprocess,
+        training=training,
+        promotion=promotion,
+        runner=runner,
+        tracking=tracking,
     )
     return {"retrained": True, "merged": merged, **result}

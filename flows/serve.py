@@ -90,11 +90,6 @@ def deployments(profile_root: Path | None = None) -> list:
                 profile.input.format,
             )
             continue
-        pipeline = {
-            k: v
-            for k, v in params.items()
-            if k not in ("raw_dir", "data_dir", "model_overrides", "train_overrides")
-        }
         out.append(
             retrain.to_deployment(
                 name=f"{name}-dumps",
@@ -106,10 +101,7 @@ def deployments(profile_root: Path | None = None) -> list:
                 parameters={
                     "incoming_dir": incoming_dir(name),
                     "raw_dir": params["raw_dir"] or "data/raw/geolife",
-                    "data_dir": params["data_dir"],
-                    "model_overrides": params["model_overrides"],
-                    "train_overrides": params["train_overrides"],
-                    "pipeline": pipeline,
+                    **{k: v for k, v in params.items() if k not in ("raw_dir", "input_format", "columns")},
                 },
             )
         )

@@ -3,61 +3,52 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from prefect.runtime import flow_run
-from pydantic import Field
 
 from nextloc.evaluation.leaderboard import leaderboard
 from nextloc.evaluation.metrics import HEADLINE
 from nextloc.fingerprint import hash_file
 from nextloc.preprocessing.sequences import SPLITS
-from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_overrides
+from nextloc.training.overrides import resolve_overrides
 from runtime.caching import Artifact, current_result
 from runtime.catalog import Catalog, require_preprocessed
 from runtime.locking import data_dir_lock
 from runtime.progress import track
 from runtime.reruns import Settled, read_settled, settled_key, write_settled
 from runtime.runners import training_runner
-from tasks.promotion import (
-    DEFAULT_DECISION_METRIC,
-    DEFAULT_MATCH_RADIUS_M,
-    DEFAULT_MIN_EFFECT,
-    DEFAULT_PROMOTE_METRIC,
-    DecisionMetric,
-    PromoteMetric,
-    PromotionRule,
-    champion_challenger,
-)
-from tasks.train import DataRef, ModelKind, TrackingConfig, train_model_task
+from runtime.sections import moved, sectioned_flow
+from tasks.promotion import PromotionRule, champion_challenger
+from tasks.train import DEFAULT_MODELS, DataRef, TrackingConfig, TrainRun, train_model_task
 from tracking import mlflow_runs
 from tracking.plots import log_comparison
-from tracking.store import default_tracking_uri
+from tracking.store import Tracking, default_tracking_uri
 from tracking.versions import champion_versions
 
-DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus", "ranker"]
+__all__ = ["DEFAULT_MODELS", "dataset_ref", "train"]
+
+#: The flat parameters of the ``train`` flow before its sections, and where each went.
+RENAMED = {
+    **moved("training", ("models", "seeds", "model_overrides", "train_overrides", "device")),
+    **moved("promotion", PromotionRule.model_fields),
+    **moved("tracking", ("tracking_uri", "experiment")),
+}
 
 
-@flow(
+@sectioned_flow(
+    RENAMED,
     name="train",
-    flow_run_name="train {models} seeds {seeds}",
+    flow_run_name="train {training.models} seeds {training.seeds}",
     validate_parameters=True,
     task_runner=training_runner(1),
 )
 def train(
     data_dir: str = "data/geolife",
-    models: list[ModelKind] | None = None,
-    seeds: list[int] | None = None,
-    model_overrides: ModelOverrides | None = None,
-    train_overrides: TrainOverrides | None = None,
-    tracking_uri: str | None = None,
-    experiment: str = mlflow_runs.DEFAULT_EXPERIMENT,
-    device: str = "auto",
-    promote_metric: PromoteMetric = DEFAULT_PROMOTE_METRIC,
-    decision_metric: DecisionMetric = DEFAULT_DECISION_METRIC,
-    min_effect: Annotated[float, Field(ge=0)] = DEFAULT_MIN_EFFECT,
-    match_radius_m: Annotated[float, Field(gt=0)] = DEFAULT_MATCH_RADIUS_M,
+    training: TrainRun = TrainRun(),
+    promotion: PromotionRule = PromotionRule(),
+    tracking: Tracking = Tracking(),
     promote: bool = True,
 ) -> dict[str, Any]:
     """Train, evaluate (best checkpoint) and register each model; decide each kind's champion.
@@ -71,14 +62,15 @@ def train(
     separate processes keep each seed's random streams its own), or one task each on a Dask cluster
     (:func:`runtime.runners.make_training_runner`: the same results). On a CPU each uses one intra-op thread:
     these small models train about twice as fast that way. Overrides (:mod:`nextloc.training.overrides`) are
-    checked before any work.
+    checked before any work. ``training.workers`` is for the caller's runner
+    (:meth:`runtime.runners.Runner.trainings`); ``tracking.mlflow_ui_url`` is for the pipeline's summary.
     """
-    per_kind_model, per_kind_train = resolve_overrides(model_overrides, train_overrides)
-    models = models or DEFAULT_MODELS
-    seeds = seeds if seeds is not None else [0]
+    per_kind_model, per_kind_train = resolve_overrides(training.model_overrides, training.train_overrides)
+    models = list(training.models) or DEFAULT_MODELS
+    seeds, device, rule = list(training.seeds), training.device, promotion
     with data_dir_lock(data_dir):  # one writer per data directory
         data = dataset_ref(data_dir)
-        tracking_cfg = TrackingConfig(tracking_uri, experiment)
+        tracking_cfg = TrackingConfig(tracking.tracking_uri, tracking.experiment)
         calls = [
             {
                 "kind": kind,
@@ -96,12 +88,6 @@ def train(
         catalog = Catalog(data.data_dir)
         task = train_model_task.with_options(result_storage=catalog.cache)
         cached = [current_result(task, call, catalog.cache) for call in calls]
-        rule = PromotionRule(
-            promote_metric=promote_metric,
-            decision_metric=decision_metric,
-            min_effect=min_effect,
-            match_radius_m=match_radius_m,
-        )
         decided = list(dict.fromkeys(models)) if promote else []  # the kinds whose champion is decided
         settled = (
             _settled(catalog, cached, rule, decided, tracking_cfg) if all(h for h, _ in cached) else None

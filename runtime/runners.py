@@ -13,11 +13,12 @@ import atexit
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime import compat
 
@@ -28,6 +29,44 @@ RunnerKind = Literal["local", "dask"]
 # questions x places: a 4x synthetic ranker's training held 2.6-3.0 GB rather than 1.25 GB (BENCHMARKS.md).
 # A value already in the environment wins; other C libraries ignore it.
 TRAINING_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+
+
+class Runner(BaseModel):
+    """The ``runner`` section of the flows: who runs the per-user work and the trainings.
+
+    Attributes:
+        task_runner: ``local`` (threads, and a process pool of ``training.workers`` for the trainings) or
+            ``dask`` (both on a Dask cluster).
+        dask_address: the scheduler of an existing Dask cluster (``tcp://host:8786``; ``dask`` only).
+        dask_workers: the processes of a new ``LocalCluster`` (default: the cores).
+        dbscan_tiles: > 0 runs the dataset-level DBSCAN by that many spatial tiles, on the Dask workers with
+            ``dask`` (the same location ids; 0: sklearn on one machine).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task_runner: RunnerKind = "local"
+    dask_address: str | None = None
+    dask_workers: Annotated[int, Field(ge=1)] | None = None
+    dbscan_tiles: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _address_needs_dask(self) -> Runner:
+        if self.dask_address and self.task_runner != "dask":
+            raise ValueError("dask_address is only used with task_runner='dask'")
+        return self
+
+    def per_user(self) -> TaskRunner:
+        """The runner of the per-user preprocessing work (:func:`make_task_runner`)."""
+        return make_task_runner(self.task_runner, self.dask_workers, self.dask_address)
+
+    def trainings(self, workers: int) -> TaskRunner:
+        """The runner of the trainings: ``workers`` processes here, or the Dask cluster
+        (:func:`make_training_runner`)."""
+        dask = self.task_runner == "dask"
+        return make_training_runner(
+            self.task_runner, self.dask_workers if dask else workers, self.dask_address
+        )
 
 
 def make_task_runner(

@@ -12,9 +12,10 @@ import datetime as dt
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import get_run_logger, task
+from pydantic import BaseModel, ConfigDict, Field
 
 from nextloc.atomic import write_text_atomic
 from nextloc.raw.dumps import (
@@ -31,6 +32,23 @@ from nextloc.storage import write_json
 APPLIED = "applied"
 QUARANTINE = "quarantine"
 MANIFEST = "dumps-manifest.json"
+
+
+class DumpIntake(BaseModel):
+    """The ``intake`` section of the ``retrain`` flow: which dumps are merged, and whether to retrain anyway.
+
+    Attributes:
+        min_age_s: dumps changed more recently than this are left for the next run (a copy may be running).
+        max_bad_row_share: a dump with a file that has more than this share of bad rows (or no valid row)
+            is quarantined whole: the raw store is append-only.
+        force: run ``preprocess-train`` even if no new file arrived.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_age_s: Annotated[float, Field(ge=0)] = 60.0
+    max_bad_row_share: Annotated[float, Field(ge=0, le=1)] = DEFAULT_MAX_BAD_ROW_SHARE
+    force: bool = False
 
 
 def manifest_path(raw_dir: str | Path) -> Path:

@@ -13,10 +13,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pandas as pd
 from prefect import get_run_logger, task
+from pydantic import BaseModel, ConfigDict, Field
 
 from nextloc.config import PreprocessConfig
 from nextloc.evaluation.metrics import RESULT_KEYS, SET_KEYS
@@ -24,6 +25,7 @@ from nextloc.models import registry
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.raw.duplicates import copied_samples
 from nextloc.storage import write_json, write_parquet, write_with
+from nextloc.training.overrides import ModelOverrides, TrainOverrides
 from runtime.caching import TASK_SOURCE, Artifact, ContentInputs
 from runtime.catalog import Catalog
 from tracking import mlflow_runs, versions
@@ -35,6 +37,30 @@ if TYPE_CHECKING:
     from nextloc.training.fit_kind import FittedKind
 
 ModelKind = Literal[registry.kinds()]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
+DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus", "ranker"]
+Seed = Annotated[int, Field(ge=0)]
+
+
+class TrainRun(BaseModel):
+    """The ``training`` section of the flows: which models, how many seeds, on what.
+
+    Attributes:
+        models: the model kinds to train (empty: :data:`DEFAULT_MODELS`).
+        seeds: one training per model and seed.
+        model_overrides, train_overrides: keys of a neural kind's model config and training recipe
+            (``{"mhsa": {"max_epochs": 2}}``, :mod:`nextloc.training.overrides`), checked when made.
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        workers: trainings at once on the local runner (processes).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    models: list[ModelKind] = Field(default_factory=lambda: list(DEFAULT_MODELS))
+    seeds: Annotated[list[Seed], Field(min_length=1)] = Field(default_factory=lambda: [0])
+    model_overrides: ModelOverrides | None = None
+    train_overrides: TrainOverrides | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    workers: Annotated[int, Field(ge=1)] = 2
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,10 @@ import pandas as pd
 from nextloc.evaluation.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.evaluation.metrics import HEADLINE
 from runtime.locking import registry_lock
-from tracking.store import REGISTERED_PREFIX, default_tracking_uri, redact
+from tracking.store import DEFAULT_EXPERIMENT, REGISTERED_PREFIX, default_tracking_uri, redact
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_EXPERIMENT = "nextloc-geolife"
 
 # How the MLflow UI (3.17) shows the experiment. Its kind tag says "model training" (not a GenAI app); the UI
 # itself opens an experiment on the runs only with ``?workflowType=machine_learning`` in the URL (or once the

@@ -7,7 +7,26 @@ import os
 import urllib.parse
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 REGISTERED_PREFIX = "nextloc-"  # one registered model per kind: tracking.mlflow_runs.registered_name
+DEFAULT_EXPERIMENT = "nextloc-geolife"
+
+
+class Tracking(BaseModel):
+    """The ``tracking`` section of the flows: where runs go and where their links point.
+
+    Attributes:
+        tracking_uri: the MLflow tracking store (default :func:`default_tracking_uri`).
+        experiment: the MLflow experiment.
+        mlflow_ui_url: the MLflow UI the run's summary links to (default: none, or the services').
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tracking_uri: str | None = None
+    experiment: str = DEFAULT_EXPERIMENT
+    mlflow_ui_url: str | None = None
 
 
 def tracking_server(uri: str) -> str | None:
