@@ -31,7 +31,10 @@ def _preprocess(raw_dir: str | Path, data_dir: Path) -> dict:
 def _train(data_dir: Path, uri: str) -> dict:
     from flows.train import train
 
-    return train(data_dir=str(data_dir), models=["markov"], seeds=[0], tracking_uri=uri, experiment="cache")
+    training = {"models": ["markov"], "seeds": [0]}
+    return train(
+        data_dir=str(data_dir), training=training, tracking={"tracking_uri": uri, "experiment": "cache"}
+    )
 
 
 def _files(root: Path) -> dict[str, tuple[int, bytes]]:

@@ -108,11 +108,8 @@ def test_trainings_on_a_dask_local_cluster_give_the_process_pools_results(prepro
         data_dir = preprocessed_copy(tmp_path / runner)
         result = train.with_options(task_runner=make_training_runner(runner, 2))(
             data_dir=str(data_dir),
-            models=["markov", "ranker"],
-            seeds=[0, 1],
-            tracking_uri=f"sqlite:///{tmp_path / f'{runner}.db'}",
-            experiment="test",
-            device="cpu",
+            training={"models": ["markov", "ranker"], "seeds": [0, 1], "device": "cpu"},
+            tracking={"tracking_uri": f"sqlite:///{tmp_path / f'{runner}.db'}", "experiment": "test"},
             promote=False,
         )
         assert len(result["runs"]) == 4

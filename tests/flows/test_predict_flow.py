@@ -39,12 +39,13 @@ def store(preprocessed_copy, tmp_path_factory):
     uri = f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
     train(
         data_dir=str(data_dir),
-        models=["markov", "pointer_plus", "ranker", "ranker_refit"],
-        seeds=[0],
-        train_overrides={"pointer_plus": SHORT},
-        tracking_uri=uri,
-        experiment="test",
-        device="cpu",
+        training={
+            "models": ["markov", "pointer_plus", "ranker", "ranker_refit"],
+            "seeds": [0],
+            "train_overrides": {"pointer_plus": SHORT},
+            "device": "cpu",
+        },
+        tracking={"tracking_uri": uri, "experiment": "test"},
     )
     return data_dir, uri
 

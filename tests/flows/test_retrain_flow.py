@@ -52,10 +52,8 @@ def world(sample_dir, tmp_path_factory):
     (root / "mlruns").mkdir()
     common = {
         "data_dir": str(root / "data"),
-        "models": ["markov", "mhsa"],
-        "train_overrides": {"mhsa": SHORT},
-        "tracking_uri": f"sqlite:///{root / 'mlruns' / 'mlflow.db'}",
-        "workers": 1,
+        "training": {"models": ["markov", "mhsa"], "train_overrides": {"mhsa": SHORT}, "workers": 1},
+        "tracking": {"tracking_uri": f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"},
     }
     first = preprocess_train(raw_dir=str(store), **common)
     incoming = root / "incoming"
@@ -84,12 +82,7 @@ def retrained(world):
     from flows.retrain import retrain
 
     root, store, incoming, common, *_ = world
-    result = retrain(
-        incoming_dir=str(incoming),
-        raw_dir=str(store),
-        min_age_s=0,
-        **{k: v for k, v in common.items() if k != "workers"},
-    )
+    result = retrain(incoming_dir=str(incoming), raw_dir=str(store), intake={"min_age_s": 0}, **common)
     return result
 
 
@@ -181,8 +174,9 @@ def test_champion_moves_only_if_the_challenger_is_better(world, retrained):
     # user 073 got new days: its test samples are the "changed" group, the other users "unchanged"
     assert decision["groups"]["changed"]["n"] > 0
     assert set(decision["groups"]) <= {"changed", "unchanged", "new_user"}
-    mlflow.set_tracking_uri(common["tracking_uri"])
-    client = MlflowClient(common["tracking_uri"], common["tracking_uri"])
+    uri = common["tracking"]["tracking_uri"]
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri, uri)
     champion = client.get_model_version_by_alias("nextloc-mhsa", "champion")
     expected = (
         decision["challenger_version"]
@@ -209,6 +203,8 @@ def test_nothing_new_is_a_noop(world, retrained):
 
     root, store, incoming, common, *_ = world
     shutil.copy(incoming / "applied" / "2026-11-01-user073.zip", incoming / "again.zip")
-    result = retrain(incoming_dir=str(incoming), raw_dir=str(store), data_dir=common["data_dir"], min_age_s=0)
+    result = retrain(
+        incoming_dir=str(incoming), raw_dir=str(store), data_dir=common["data_dir"], intake={"min_age_s": 0}
+    )
     assert result["retrained"] is False
     assert [d["status"] for d in result["merged"]["dumps"]] == ["duplicate"]

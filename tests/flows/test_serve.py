@@ -19,7 +19,6 @@ from flows import serve
 from nextloc.config import PreprocessConfig
 from nextloc.profiles import PROFILE_DIR, PROFILE_DIR_ENV
 
-SECTIONS = list(PreprocessConfig.model_fields)
 THIRD = """\
 input:
   format: geolife
@@ -53,8 +52,8 @@ class TestDeployments:
         geolife = found["preprocess-train/geolife"].parameters
         assert (geolife["raw_dir"], geolife["data_dir"]) == (None, "data/geolife")
         assert "input_format" not in geolife  # the GeoLife input: the flow's defaults
-        assert {s: geolife[s] for s in SECTIONS} == PreprocessConfig().model_dump(mode="json")
-        assert geolife["model_overrides"] == geolife["train_overrides"] == {}
+        assert geolife["preprocess"] == PreprocessConfig().model_dump(mode="json")
+        assert geolife["training"] == {"model_overrides": {}, "train_overrides": {}}
 
         diy = found["preprocess-train/diy"].parameters
         assert (diy["raw_dir"], diy["data_dir"], diy["input_format"]) == (
@@ -62,17 +61,16 @@ class TestDeployments:
             "data/diy",
             "visits",
         )
-        assert diy["locations"]["epsilon_m"] == 50.0
-        assert (diy["quality"]["day_filter"], diy["quality"]["min_thres"], diy["quality"]["mean_thres"]) == (
-            60,
-            0.6,
-            0.7,
-        )
-        assert (diy["split"]["train"], diy["split"]["val"], diy["split"]["test"]) == (0.8, 0.1, 0.1)
-        assert diy["model_overrides"]["mhsa"]["d_model"] == 96
-        assert diy["model_overrides"]["pointer"]["nhead"] == 4
-        assert diy["train_overrides"]["mhsa"] == {"batch_size": 256}
-        assert diy["train_overrides"]["pointer_plus"] == {"lr": 0.0007}
+        protocol, training = diy["preprocess"], diy["training"]
+        assert protocol["locations"]["epsilon_m"] == 50.0
+        quality = protocol["quality"]
+        assert (quality["day_filter"], quality["min_thres"], quality["mean_thres"]) == (60, 0.6, 0.7)
+        split = protocol["split"]
+        assert (split["train"], split["val"], split["test"]) == (0.8, 0.1, 0.1)
+        assert training["model_overrides"]["mhsa"]["d_model"] == 96
+        assert training["model_overrides"]["pointer"]["nhead"] == 4
+        assert training["train_overrides"]["mhsa"] == {"batch_size": 256}
+        assert training["train_overrides"]["pointer_plus"] == {"lr": 0.0007}
 
         dumps = found["retrain/geolife-dumps"]
         assert dumps.parameters["incoming_dir"] == "data/incoming"
@@ -94,14 +92,15 @@ class TestDeployments:
         }
         beijing = found["preprocess-train/beijing"].parameters
         assert (beijing["raw_dir"], beijing["data_dir"]) == ("/nonexistent/beijing-raw", "data/beijing")
-        assert beijing["timezone"] == "Asia/Shanghai"
-        assert beijing["locations"]["coordinate_order"] == "lat_lon"
-        assert beijing["model_overrides"] == {"pointer_plus": {"d_model": 96}}
+        assert beijing["preprocess"]["timezone"] == "Asia/Shanghai"
+        assert beijing["preprocess"]["locations"]["coordinate_order"] == "lat_lon"
+        assert beijing["training"]["model_overrides"] == {"pointer_plus": {"d_model": 96}}
         dumps = found["retrain/beijing-dumps"].parameters
         assert dumps["incoming_dir"] == "data/incoming-beijing"  # not inside geolife's data/incoming
         assert (dumps["raw_dir"], dumps["data_dir"]) == ("/nonexistent/beijing-raw", "data/beijing")
-        assert dumps["pipeline"]["locations"]["epsilon_m"] == 50.0
-        assert dumps["model_overrides"] == {"pointer_plus": {"d_model": 96}}
+        assert dumps["preprocess"]["locations"]["epsilon_m"] == 50.0
+        assert dumps["preprocess"]["timezone"] == "Asia/Shanghai"
+        assert dumps["training"]["model_overrides"] == {"pointer_plus": {"d_model": 96}}
 
     def test_an_empty_or_bad_profile_folder_is_named(self, tmp_path: Path) -> None:
         with pytest.raises(FileNotFoundError, match=str(tmp_path)):
@@ -126,8 +125,12 @@ class TestDeployments:
         monkeypatch.setattr(cli, "check_raw_dir", lambda raw_dir: None)
         with pytest.raises(_FlowCalled):
             cli.main(["run", "--dataset", "diy", "--model", "markov,mhsa,pointer,pointer_plus"])
-        assert {k: calls[k] for k in deployed} == deployed
-        assert calls["models"] == ["markov", "mhsa", "pointer", "pointer_plus"]
+        assert {k: calls[k] for k in deployed if k != "training"} == {
+            k: v for k, v in deployed.items() if k != "training"
+        }
+        training = calls["training"]
+        assert {k: training[k] for k in deployed["training"]} == deployed["training"]  # the profile's presets
+        assert training["models"] == ["markov", "mhsa", "pointer", "pointer_plus"]
 
 
 class _FlowCalled(Exception):
@@ -158,5 +161,5 @@ class TestRegistered:
         for name, missing in (("diy", "data/raw/diy"), ("beijing", "/nonexistent/beijing-raw")):
             params = stored[f"preprocess-train/{name}"].parameters
             with pytest.raises(FileNotFoundError, match=missing):
-                preprocess_train(**params, models=["markov"])
+                preprocess_train(**{**params, "training": {**params["training"], "models": ["markov"]}})
             assert not (tmp_path / "data" / name / "samples").exists()

@@ -24,12 +24,13 @@ def trained(preprocessed_copy, tmp_path_factory):
     (root / "mlruns").mkdir()
     kwargs = dict(
         data_dir=str(data_dir),
-        models=["markov", "mhsa", "pointer_plus"],
-        seeds=[0, 1],
-        train_overrides={"mhsa": SHORT, "pointer_plus": SHORT},
-        tracking_uri=uri,
-        experiment="test",
-        device="cpu",
+        training={
+            "models": ["markov", "mhsa", "pointer_plus"],
+            "seeds": [0, 1],
+            "train_overrides": {"mhsa": SHORT, "pointer_plus": SHORT},
+            "device": "cpu",
+        },
+        tracking={"tracking_uri": uri, "experiment": "test"},
     )
     result = train(**kwargs)
     return data_dir, uri, result, kwargs
@@ -233,7 +234,9 @@ def test_changed_model_parameter_retrains_only_that_model(trained):
     from flows.train import train
 
     _, _, result, kwargs = trained
-    changed = {**kwargs, "train_overrides": {**kwargs["train_overrides"], "mhsa": {**SHORT, "lr": 5e-4}}}
+    training = kwargs["training"]
+    overrides = {**training["train_overrides"], "mhsa": {**SHORT, "lr": 5e-4}}
+    changed = {**kwargs, "training": {**training, "train_overrides": overrides}}
     again = train(**changed)
     old = {(r["kind"], r["seed"]): r["run_id"] for r in result["runs"]}
     new = {(r["kind"], r["seed"]): r["run_id"] for r in again["runs"]}

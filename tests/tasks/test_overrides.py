@@ -58,14 +58,20 @@ def test_valid_overrides_pass_as_plain_per_kind_dicts():
 
 
 def test_the_flows_check_them_before_preprocessing_or_training(tmp_path):
-    """Both flows' bodies raise before touching the data folder (called without orchestration)."""
+    """Both flows' bodies raise before touching the data folder (called without orchestration, with a
+    ``training`` section built unchecked)."""
+    from tasks.train import TrainRun
+
     data_dir = tmp_path / "data"
     with pytest.raises(ValueError, match="bogus"):
         preprocess_train.fn(
-            raw_dir=str(tmp_path / "raw"), data_dir=str(data_dir), train_overrides={"mhsa": {"bogus": 1}}
+            raw_dir=str(tmp_path / "raw"),
+            data_dir=str(data_dir),
+            training=TrainRun.model_construct(train_overrides={"mhsa": {"bogus": 1}}),
         )
+    training = TrainRun.model_construct(models=["mhsa"], model_overrides={"mhsa": {"d_modle": 64}})
     with pytest.raises(ValueError, match="d_modle"):
-        train.fn(data_dir=str(data_dir), models=["mhsa"], model_overrides={"mhsa": {"d_modle": 64}})
+        train.fn(data_dir=str(data_dir), training=training)
     assert not data_dir.exists()
 
 
@@ -107,15 +113,17 @@ def test_the_flows_reject_bad_overrides_when_their_parameters_are_validated():
     from prefect.exceptions import ParameterTypeError
 
     with pytest.raises(
-        ParameterTypeError, match=r"train_overrides.pointer_plus.monitor: Input should be 'val_loss'"
+        ParameterTypeError,
+        match=r"training.train_overrides.pointer_plus.monitor: Input should be 'val_loss'",
     ):
-        train.validate_parameters({"train_overrides": {"pointer_plus": {"monitor": "val_foo"}}})
+        train.validate_parameters({"training": {"train_overrides": {"pointer_plus": {"monitor": "val_foo"}}}})
     with pytest.raises(
-        ParameterTypeError, match=r"model_overrides.mhsa: .*unknown 'mhsa' config key\(s\) \['d_modle'\]"
+        ParameterTypeError,
+        match=r"training.model_overrides.mhsa: .*unknown 'mhsa' config key\(s\) \['d_modle'\]",
     ):
-        preprocess_train.validate_parameters({"model_overrides": {"mhsa": {"d_modle": 64}}})
+        preprocess_train.validate_parameters({"training": {"model_overrides": {"mhsa": {"d_modle": 64}}}})
     with pytest.raises(ParameterTypeError, match=r"name unknown models \['markov'\]"):
-        preprocess_train.validate_parameters({"train_overrides": {"markov": {"lr": 1e-3}}})
+        preprocess_train.validate_parameters({"training": {"train_overrides": {"markov": {"lr": 1e-3}}}})
     given = {"mhsa": {"max_epochs": 2}}
-    validated = preprocess_train.validate_parameters({"train_overrides": given})["train_overrides"]
-    assert validated.by_kind() == given
+    validated = preprocess_train.validate_parameters({"training": {"train_overrides": given}})["training"]
+    assert validated.train_overrides.by_kind() == given
