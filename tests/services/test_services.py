@@ -101,9 +101,8 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
         env,
         f"raw_dir={sample_dir}",
         "data_dir=data/sample",
-        'models=["markov", "mhsa"]',
-        'train_overrides={"mhsa": {"max_epochs": 1, "min_epochs": 0}}',
-        'locations={"epsilon_m": 20}',
+        'training={"models": ["markov", "mhsa"], "train_overrides": {"mhsa": {"max_epochs": 1, "min_epochs": 0}}}',
+        'preprocess={"locations": {"epsilon_m": 20}}',
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Completed" in run.stdout
@@ -153,7 +152,19 @@ def test_deployment_run_completes_and_lands_in_mlflow(services, sample_dir):
 
 def test_bad_parameter_is_rejected_before_any_work(services):
     root, env, _ = services
-    run = _deployment_run(root, env, "data_dir=data/bad", 'locations={"epsilon_m": -5}', watch_timeout=300)
+    run = _deployment_run(
+        root, env, "data_dir=data/bad", 'preprocess={"locations": {"epsilon_m": -5}}', watch_timeout=300
+    )
     assert run.returncode != 0
     assert "epsilon_m" in run.stdout + run.stderr
     assert not (root / "data" / "bad").exists()
+
+
+def test_a_parameter_name_from_before_the_sections_names_its_section(services):
+    """``--param promote_metric=...`` (a flat name the flow took before its sections) fails before any work,
+    in one line naming where the setting went."""
+    root, env, _ = services
+    run = _deployment_run(root, env, "data_dir=data/old", "promote_metric=val_place_mrr_at_selected")
+    assert run.returncode != 0
+    assert "promote_metric is now promotion.promote_metric" in run.stdout + run.stderr
+    assert not (root / "data" / "old").exists()
