@@ -197,10 +197,7 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
             {
                 "raw_dir": str(sample),
                 "data_dir": f"data/load-{i}",
-                "models": models,
-                "seeds": [i],
-                "workers": 1,
-                "train_overrides": train,
+                "training": {"models": models, "seeds": [i], "workers": 1, "train_overrides": train},
             },
         )
         for i in range(runs)
@@ -212,11 +209,8 @@ def _burst(api: str, root: Path, sample: Path, runs: int, neural: bool, timeout_
                 "incoming_dir": "data/incoming",
                 "raw_dir": "raw/store",
                 "data_dir": "data/load-retrain",
-                "models": models,
-                "seeds": [0],
-                "train_overrides": train,
-                "min_age_s": 0.0,
-                "pipeline": {"workers": 1},
+                "training": {"models": models, "seeds": [0], "workers": 1, "train_overrides": train},
+                "intake": {"min_age_s": 0.0},
             },
         )
     )

@@ -454,7 +454,11 @@ def team_services(sample_dir) -> Iterator[TeamServices]:
             30,
             headers,
         )
-        params = {"raw_dir": str(sample_dir), "data_dir": "data/auth", "models": ["markov"], "seeds": [0]}
+        params = {
+            "raw_dir": str(sample_dir),
+            "data_dir": "data/auth",
+            "training": {"models": ["markov"], "seeds": [0]},
+        }
         url = f"{services.api_url}/deployments/{deployment['id']}/create_flow_run"
         run = post_json(url, {"parameters": params}, 30, headers)
         deadline = time.monotonic() + 900

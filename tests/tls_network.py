@@ -126,7 +126,11 @@ def _run_deployment(api: str, headers: dict[str, str], context: ssl.SSLContext, 
     [deployment] = post_json(
         f"{api}/deployments/filter", {"deployments": {"name": {"any_": ["geolife"]}}}, 30, headers, context
     )
-    params = {"raw_dir": str(sample_dir), "data_dir": "data/tls", "models": ["markov"], "seeds": [0]}
+    params = {
+        "raw_dir": str(sample_dir),
+        "data_dir": "data/tls",
+        "training": {"models": ["markov"], "seeds": [0]},
+    }
     url = f"{api}/deployments/{deployment['id']}/create_flow_run"
     run = post_json(url, {"parameters": params}, 30, headers, context)
     deadline, state = time.monotonic() + 900, None

@@ -77,7 +77,10 @@ def _burst(api: str, headers: dict[str, str]) -> list[str]:
     ]
     ids = []
     for seed in range(RUNS):
-        params = {"data_dir": f"data/w-{seed}", "models": ["markov"], "seeds": [seed], "workers": 1}
+        params = {
+            "data_dir": f"data/w-{seed}",
+            "training": {"models": ["markov"], "seeds": [seed], "workers": 1},
+        }
         run = _post(
             f"{api}/deployments/{deployment}/create_flow_run", {"parameters": params}, headers=headers
         )
