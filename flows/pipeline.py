@@ -11,9 +11,9 @@ processes, or to the cluster at ``runner.dask_address``, and the trainings after
 tiles there too (same ids).
 
 Each dataset profile is deployed as ``preprocess-train/<name>`` with the parameters :func:`profile_parameters`
-gives it (``flows/serve.py``); a section passed at run time replaces the profile's section (Prefect merges a
-run's parameters over the deployment's by name): give ``preprocess`` or ``training`` whole where the profile
-sets keys of it.
+gives it (``flows/serve.py``); a section passed at run time is laid over the profile's key by key (each key
+given replaces the profile's, :func:`runtime.sections.over_deployment`): ``training={"models": ["mhsa"]}``
+keeps the profile's model presets, ``preprocess={"locations": {...}}`` the rest of its protocol.
 
 Promotion (the one champion rule, :mod:`tasks.promotion`; the ``promotion`` section): per model kind, the
 seed best on ``promote_metric`` (validation) is the challenger version; it takes the ``champion`` alias only

@@ -5,15 +5,23 @@ The flows take a few frozen pydantic sections (``preprocess``, ``training``, ``p
 sections (a deployment run's ``--param promote_metric=...``, a schedule made then) fails at that validation,
 before any work, with one line naming where the setting went: ``promote_metric is now
 promotion.promote_metric``.
+
+Prefect gives a deployment's flow run the deployment's parameters with the run's laid over them by name, so
+a section given at run time would replace the deployment's whole section (``training='{"models":
+["mhsa"]}'`` would drop a profile's model presets). A deployment run's sections are therefore laid over the
+deployment's key by key (:func:`over_deployment`): each key given replaces the deployment's, as each flat
+parameter did before the sections; the others keep the deployment's values.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prefect import Flow
 from prefect.exceptions import ParameterTypeError
+from pydantic import BaseModel
 
 
 def moved(section: str, names: Iterable[str]) -> dict[str, str]:
@@ -50,11 +58,43 @@ class SectionedFlow(Flow):
 
     def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         check_moved(parameters, self.renamed)
-        return super().validate_parameters(parameters)
+        return super().validate_parameters(over_deployment(self, parameters))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         check_moved(kwargs, self.renamed)
         return super().__call__(*args, **kwargs)
+
+
+def over_deployment(flow: Flow, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A deployment run's ``parameters`` with each section (a dict, for a pydantic-typed parameter) laid over
+    the deployment's key by key; anything else (a call from Python, a subflow) as given.
+
+    The flow run is the one in ``$PREFECT__FLOW_RUN_ID`` (set by the worker that runs it), when it is a run
+    of ``flow`` from a deployment.
+    """
+    sections = [k for k, v in parameters.items() if isinstance(v, dict) and _is_section(flow, k)]
+    run_id = os.environ.get("PREFECT__FLOW_RUN_ID")
+    if not sections or not run_id:
+        return parameters
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        if run.deployment_id is None or client.read_flow(run.flow_id).name != flow.name:
+            return parameters
+        deployed = client.read_deployment(run.deployment_id).parameters or {}
+    out = dict(parameters)
+    for name in sections:
+        if isinstance(deployed.get(name), dict):
+            out[name] = {**deployed[name], **parameters[name]}
+    return out
+
+
+def _is_section(flow: Flow, name: str) -> bool:
+    annotation = flow.fn.__annotations__.get(name)
+    if isinstance(annotation, str):  # postponed annotations: the name of a class in the flow's module
+        annotation = flow.fn.__globals__.get(annotation)
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def sectioned_flow(

@@ -163,3 +163,36 @@ class TestRegistered:
             with pytest.raises(FileNotFoundError, match=missing):
                 preprocess_train(**{**params, "training": {**params["training"], "models": ["markov"]}})
             assert not (tmp_path / "data" / name / "samples").exists()
+
+    def test_a_run_lays_its_sections_over_the_deployments_key_by_key(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A deployment run of ``diy`` given ``training={"models": [...]}`` and ``preprocess={"locations":
+        {...}}`` keeps the profile's model presets and the rest of its protocol (each key given replaces the
+        deployment's, as each flat parameter did); a run of another flow, or a call from Python, is as given."""
+        from prefect.client.orchestration import get_client
+
+        from flows.pipeline import preprocess_train
+
+        (deployment,) = [d for d in serve.deployments() if d.full_name == "preprocess-train/diy"]
+        deployment_id = deployment.apply()
+        given = {"training": {"models": ["markov"]}, "preprocess": {"locations": {"min_samples": 3}}}
+        with get_client(sync_client=True) as client:
+            run = client.create_flow_run_from_deployment(deployment_id, parameters=given)
+        deployed = deployment.parameters
+        assert run.parameters["training"] == given["training"]  # Prefect replaces the section whole
+
+        monkeypatch.setenv("PREFECT__FLOW_RUN_ID", str(run.id))  # as the worker running it sets it
+        validated = preprocess_train.validate_parameters(run.parameters)
+        training, protocol = validated["training"], validated["preprocess"]
+        assert training.models == ["markov"]
+        assert training.model_overrides.by_kind() == deployed["training"]["model_overrides"]  # presets stay
+        assert training.train_overrides.by_kind() == deployed["training"]["train_overrides"]
+        assert protocol.locations.min_samples == 3
+        assert (
+            protocol.split.model_dump() == deployed["preprocess"]["split"]
+        )  # the rest of the protocol stays
+        assert protocol.quality.model_dump(mode="json") == deployed["preprocess"]["quality"]
+
+        monkeypatch.delenv("PREFECT__FLOW_RUN_ID")
+        assert preprocess_train.validate_parameters(given)["training"].model_overrides is None
