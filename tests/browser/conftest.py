@@ -221,3 +221,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if report.when == "call" and report.failed and driver is not None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SCREENSHOTS / f"{item.name}-failed.png"))
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A bare Prefect server on a free 127.0.0.1 port with the deployments ``flows/serve.py`` builds applied
+    (no work pool, no run): its UI URL and ``{deployment full name: id}``."""
+    root = tmp_path_factory.mktemp("deployed")
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    env = {**os.environ, **OFFLINE_DEFAULTS, "PREFECT_HOME": str(root / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    port = url.rsplit(":", 1)[1]
+    server = _launch(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", port],
+        {**env, "PREFECT_UI_API_URL": f"{url}/api"},
+        root / "prefect-server.log",
+        root,
+    )
+    try:
+        _wait_http(f"{url}/api/health", server, root / "prefect-server.log")
+        apply = (
+            "from flows.serve import deployments\nfor d in deployments():\n    print(d.full_name, d.apply())"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", apply],
+            cwd=REPO,
+            env={**env, "PREFECT_API_URL": f"{url}/api"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        yield url, dict(line.rsplit(" ", 1) for line in done.stdout.splitlines() if line.strip())
+    finally:
+        _stop(server)
