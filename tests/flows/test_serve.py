@@ -196,3 +196,28 @@ class TestRegistered:
 
         monkeypatch.delenv("PREFECT__FLOW_RUN_ID")
         assert preprocess_train.validate_parameters(given)["training"].model_overrides is None
+
+    def test_a_deployment_run_given_an_old_name_fails_naming_its_section(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A run of ``preprocess-train/geolife`` created with ``promote_metric`` (through the API, a schedule
+        or the UI: the ``prefect`` CLI refuses a name the deployment lacks before it creates a run) fails when
+        its parameters are validated, before any work, its state saying where the setting went."""
+        from prefect.client.orchestration import get_client
+        from prefect.flow_engine import run_flow
+
+        from flows.pipeline import preprocess_train
+
+        (deployment,) = [d for d in serve.deployments() if d.full_name == "preprocess-train/geolife"]
+        deployment_id = deployment.apply()
+        data_dir = tmp_path / "data"
+        given = {"data_dir": str(data_dir), "promote_metric": "val_place_mrr_at_selected"}
+        with get_client(sync_client=True) as client:
+            run = client.create_flow_run_from_deployment(deployment_id, parameters=given)
+        monkeypatch.setenv("PREFECT__FLOW_RUN_ID", str(run.id))  # as the worker running it sets it
+        state = run_flow(preprocess_train, flow_run=run, parameters=run.parameters, return_type="state")
+        assert state.is_failed()
+        with get_client(sync_client=True) as client:
+            message = client.read_flow_run(run.id).state.message
+        assert "promote_metric is now promotion.promote_metric" in message, message
+        assert not data_dir.exists()
