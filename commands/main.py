@@ -152,8 +152,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args, profile)
     check_raw_dir(inputs["raw_dir"])
     models, seeds, model_set, train_set = _train_plan(args)
-    runner, tracking = _runner(args), _tracking(args)
     local_api.start_if_needed()  # the arguments are valid: a new API boots while the flows import
+    runner, tracking = _runner(args), _tracking(args)  # they import prefect: after the API is known
     neural = _neural(models)
     from flows.pipeline import preprocess_train, profile_parameters
     from nextloc.profiles import DatasetProfile
@@ -233,7 +233,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     models, seeds, model_set, train_set = _train_plan(args)
     require_preprocessed(args.data_dir)  # before the API starts, not in the flow
-    runner, tracking = _runner(args), _tracking(args)
+    if args.dask_address and args.task_runner != "dask":
+        raise ValueError("--dask-address is only used with --task-runner dask")
+    local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
+    runner, tracking = _runner(args), _tracking(args)  # they import prefect: after the API is known
     neural = _neural(models)
     from tasks.train import TrainRun
 
@@ -246,7 +249,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         device=args.device,
         workers=workers,
     )
-    local_api.start_if_needed()  # the arguments are valid: a new API boots while the flow imports
     from flows.train import train
     from runtime.progress import quiet_task_runs_on_console
 
