@@ -17,6 +17,7 @@ gives them (a team's own) and the network's own checks skip, saying why. The cer
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -25,6 +26,7 @@ import stat
 import subprocess
 import sys
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,17 +92,30 @@ def test_the_handed_over_ca_is_installed_and_named_for_every_client(tmp_path, mo
     other = tmp_path / "worker"
     (other / ".services" / "auth").mkdir(parents=True)
     (other / ".services" / "auth" / "pipeline.env").write_text(text)
-    assert auth.use_credentials(other, (auth.PIPELINE,)) == auth.PIPELINE
-    ca = other / ".services" / "auth" / auth.CA_FILE
-    assert ca.read_bytes() == pem
-    for name in access.CA_VARIABLES:
-        assert os.environ[name] == str(ca.resolve())
-    assert auth.read_env_file(other / ".services" / "auth" / "pipeline.env")[access.MLFLOW_CA] == str(
-        ca.resolve()
-    )
-    (other / ".services" / "auth" / "pipeline.env").write_text(f"{auth.CA_PEM}=bm90IGEgY2VydA==\n")
-    with pytest.raises(ValueError, match="is not a CA certificate"):
-        auth.use_credentials(other, (auth.PIPELINE,))
+    with _environment_restored():  # use_credentials sets this process's variables, as a command's start does
+        assert auth.use_credentials(other, (auth.PIPELINE,)) == auth.PIPELINE
+        ca = other / ".services" / "auth" / auth.CA_FILE
+        assert ca.read_bytes() == pem
+        for name in access.CA_VARIABLES:
+            assert os.environ[name] == str(ca.resolve())
+        assert auth.read_env_file(other / ".services" / "auth" / "pipeline.env")[access.MLFLOW_CA] == str(
+            ca.resolve()
+        )
+        (other / ".services" / "auth" / "pipeline.env").write_text(f"{auth.CA_PEM}=bm90IGEgY2VydA==\n")
+        with pytest.raises(ValueError, match="is not a CA certificate"):
+            auth.use_credentials(other, (auth.PIPELINE,))
+
+
+@contextlib.contextmanager
+def _environment_restored() -> Iterator[None]:
+    """This process's environment as it was, afterwards: a test that leaves credentials in it hands them to
+    every later test's subprocesses (whose own files then lose: the environment wins)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 # --- the services on the network ------------------------------------------------------------------
