@@ -17,10 +17,11 @@ keeps the profile's model presets, ``preprocess={"locations": {...}}`` the rest 
 
 Promotion (the one champion rule, :mod:`tasks.promotion`; the ``promotion`` section): per model kind, the
 seed best on ``promote_metric`` (validation) is the challenger version; it takes the ``champion`` alias only
-if the kind's seeds beat the current champion on test ``decision_metric`` (a place metric by default) by at
-least ``min_effect`` points with a paired bootstrap p < 0.05, both scored on this run's test samples (a
-champion from earlier data reads them in its own ids, matched within ``match_radius_m``). The test, the p-value, per-user-group differences
-and the decision go to the MLflow parent run.
+if the kind's seeds beat the current champion on validation ``decision_metric`` (a place metric by default)
+by at least ``min_effect`` points with a paired bootstrap p < 0.05, both scored on this run's validation
+samples (a champion from earlier data reads them in its own ids, matched within ``match_radius_m``); test is
+reported, never read by the decision. The bootstrap, the p-value, per-user-group differences and the
+decision go to the MLflow parent run.
 """
 
 from __future__ import annotations

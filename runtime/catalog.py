@@ -90,7 +90,7 @@ class Catalog:
 
     def run_dir(self, kind: str, seed: int) -> Path:
         """Outputs of one trained model: ``results.json``, ``per_user.csv``, ``test_per_sample.parquet``,
-        ``new_place_head.json``, charts, and (while training runs) ``checkpoints/``."""
+        ``val_per_sample.parquet``, ``new_place_head.json``, charts, and (while training runs) ``checkpoints/``."""
         return self.root / "results" / kind / f"seed{seed}"
 
 

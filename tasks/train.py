@@ -118,10 +118,10 @@ def train_model_task(
 ) -> dict[str, Any]:
     """Train ``kind`` with ``seed``; evaluate the best checkpoint on val and test; log everything to MLflow.
 
-    Writes ``<data_dir>/results/<kind>/seed<seed>/results.json`` (test metrics in percent). Neural training
-    keeps its resume state in ``<data_dir>/results/<kind>/seed<seed>/checkpoints/`` while it runs, so a
-    rerun after a crash continues from the last completed epoch (and is ignored, restarting from scratch,
-    if the model, training overrides or data changed); the folder is deleted once the run is fully recorded.
+    Writes ``<data_dir>/results/<kind>/seed<seed>/``: ``results.json`` (test metrics in percent), each sample's
+    outcomes on test and validation (``val_per_sample.parquet``: what :mod:`tasks.promotion` reads). A network
+    keeps its resume state in ``checkpoints/`` there while it trains: a rerun after a crash continues from the
+    last completed epoch (unless the model, overrides or data changed); it is deleted once all is recorded.
     """
     from nextloc.training import (
         fit_kind,  # torch: only when a model trains (a cached run reads its result back)
@@ -167,7 +167,7 @@ def train_model_task(
         fitted_at = time.perf_counter()
         evaluation = fitted.evaluate(splits)
         stages = _stage_seconds(fitted, fitted_at - started, time.perf_counter() - fitted_at)
-        evaluation.test_copied = copied_samples(catalog.staypoints, splits["test"].table)
+        _flag_copies(evaluation, catalog.staypoints, splits)
         # drop what only the evaluation read (its memory grows with the data)
         fitted, splits = fitted.answered(), None
         results_json = _results_json(fitted, evaluation, time.perf_counter() - started, run_id)
@@ -186,6 +186,12 @@ def train_model_task(
         fitted.selected_epoch,
     )
     return {"kind": kind, "seed": seed, "run_id": run_id, "results": results_json}
+
+
+def _flag_copies(evaluation: Evaluation, staypoints: Path, splits: dict[str, Any]) -> None:
+    """Flag each validation and test sample whose target is a copy of another user's staypoint."""
+    evaluation.test_copied = copied_samples(staypoints, splits["test"].table)
+    evaluation.val_copied = copied_samples(staypoints, splits["val"].table)
 
 
 def _stage_seconds(fitted: FittedKind, fit: float, evaluate: float) -> dict[str, float]:
@@ -226,7 +232,9 @@ def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json:
     run_dir, catalog, started = run.run_dir, run.catalog, time.perf_counter()
     write_json(results_json, run_dir / "results.json")
     write_json(evaluation.head.to_dict(), run_dir / "new_place_head.json")
-    write_parquet(evaluation.per_sample(), run_dir / "test_per_sample.parquet")
+    write_parquet(evaluation.per_sample("test"), run_dir / "test_per_sample.parquet")
+    # validation's outcomes: what the champion rule reads (tasks/promotion.py)
+    write_parquet(evaluation.per_sample("val"), run_dir / "val_per_sample.parquet")
     write_with(lambda tmp: evaluation.per_user.to_csv(tmp, index=False), run_dir / "per_user.csv")
     _log_artifacts(run, fitted, evaluation)
     for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
@@ -305,6 +313,7 @@ def _log_artifacts(run: _Run, fitted: FittedKind, evaluation: Evaluation) -> Non
         "per_user.csv",
         "new_place_head.json",
         "test_per_sample.parquet",
+        "val_per_sample.parquet",
     ):
         mlflow_runs.log_file_artifact(run_id, run_dir / name)
 

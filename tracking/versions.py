@@ -227,7 +227,9 @@ def move_champion(kind: str, version: str) -> None:
 def record_decision(parent_run_id: str, kind: str, decision: dict[str, Any]) -> None:
     """Record a champion decision (with its ``decision`` sentence).
 
-    The parent run gets the scores and test statistics as metrics, the decision as tags and the whole
+    The parent run gets the scores (``challenger_<split>_<metric>``, ``champion_<split>_<metric>``, the split
+    the decision read: ``decision["metric"]`` is ``"<split> <metric>"``) and the bootstrap's statistics as
+    metrics, the decision as tags and the whole
     decision as ``champion_challenger_<kind>.json``. The challenger's run and registry version get the
     sentence as ``champion_decision``; a champion that stays also gets it as ``champion_kept``, next to the
     decision that made it champion. A rerun of the same trainings (the challenger already is the champion)
@@ -238,10 +240,11 @@ def record_decision(parent_run_id: str, kind: str, decision: dict[str, Any]) -> 
     from tracking import mlflow_runs
 
     prefix = f"champion_challenger.{kind}"
-    metric = mlflow_runs.mlflow_name(decision.get("metric", "").removeprefix("test "))
+    split, _, metric = decision.get("metric", "").rpartition(" ")
+    scored = f"{split}_{mlflow_runs.mlflow_name(metric)}" if split else mlflow_runs.mlflow_name(metric)
     values = {
-        f"{prefix}.challenger_test_{metric}": decision.get("challenger_score"),
-        f"{prefix}.champion_test_{metric}": decision.get("champion_score"),
+        f"{prefix}.challenger_{scored}": decision.get("challenger_score"),
+        f"{prefix}.champion_{scored}": decision.get("champion_score"),
         f"{prefix}.delta": decision.get("delta"),
         f"{prefix}.p_value": decision.get("p_value"),
     }

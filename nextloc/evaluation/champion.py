@@ -1,9 +1,10 @@
 """The champion rule's statistics: a paired bootstrap and the decision it supports.
 
 The champion rule (:func:`champion_decision`) is the one rule behind the ``champion`` alias: a challenger
-model kind, trained over one or more seeds, replaces the champion only if it is better on the same test
-samples by at least a minimum effect *and* a paired bootstrap over those samples says the difference is
-not noise. NumPy only (no torch): the train flow decides on every run, a cached one included.
+model kind, trained over one or more seeds, replaces the champion only if it is better on the same samples
+(validation's: test is read by no decision) by at least a minimum effect *and* a paired bootstrap over
+those samples says the difference is not noise. NumPy only (no torch): the train flow decides on every
+run, a cached one included.
 """
 
 from __future__ import annotations
@@ -55,18 +56,20 @@ def champion_decision(
     min_effect: float = 0.5,
     alpha: float = 0.05,
     n_boot: int = 2000,
+    samples: str = "validation",
 ) -> dict[str, Any]:
     """The champion rule: replace the champion only for a real, large enough improvement.
 
     Args:
-        challenger: ``(S, N)`` or ``(N,)`` per-sample outcomes of the challenger kind on the test samples,
-            one row per seed trained (the mean over seeds is compared, so one lucky seed cannot win).
+        challenger: ``(S, N)`` or ``(N,)`` per-sample outcomes of the challenger kind on the decision's
+            samples, one row per seed trained (the mean over seeds is compared, so one lucky seed cannot win).
         champion: ``(N,)`` the champion's outcomes on the same samples, or None when there is no champion.
         groups: ``(N,)`` optional label per sample (e.g. whether the sample's user has new data); the mean
             difference is reported per group.
         min_effect: the smallest mean improvement (in the outcome's unit, points) worth a promotion.
         alpha: the largest bootstrap p-value accepted.
         n_boot: bootstrap resamples.
+        samples: which samples these are, for the recorded ``test`` (the statistical test's description).
 
     Returns:
         ``promoted``, ``reason``, ``challenger_score`` and, with a champion, ``champion_score``, ``delta``,
@@ -86,7 +89,7 @@ def champion_decision(
         **stats,
         min_effect=float(min_effect),
         alpha=float(alpha),
-        test=f"paired bootstrap over {len(mean)} test samples ({n_boot} resamples), one-sided",
+        test=f"paired bootstrap over {len(mean)} {samples} samples ({n_boot} resamples), one-sided",
     )
     if groups is not None:
         groups = np.asarray(groups)

@@ -3,7 +3,8 @@ that registered models take (summaries over seeds: :mod:`nextloc.evaluation.lead
 statistics: :mod:`nextloc.evaluation.champion`).
 
 Protocol (the same data budget as the reference for every headline number): a model is fit on train; every
-choice (epoch, seed, the new-place head's coefficients) is made on validation; test is scored once.
+choice (epoch, seed, the new-place head's coefficients, the champion) is made on validation; test is scored
+once and read by no decision.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
@@ -101,14 +102,27 @@ class Evaluation:
     # validation's new-place head inputs (the model's features, then the explore features) and whether each
     # target was a new place: what retest() fits another head on
     head_inputs: tuple[np.ndarray, np.ndarray] | None = None
+    # validation scored by the model chosen there (what the champion rule reads), its head's P(new place)
+    # (split order) and, like test_copied, whether each target is a copy
+    val_scores: SplitScores | None = None
+    val_p_new: np.ndarray | None = None
+    val_copied: np.ndarray | None = None
 
-    def per_sample(self) -> pd.DataFrame:
-        """Test outcomes per sample (hits and gains of both families, P(new place), and ``target_is_copy``
-        when :attr:`test_copied` is known), in split order."""
-        frame = self.test_scores.accumulator.per_sample()
-        frame["p_new"] = self.test_p_new[np.argsort(self.test_scores.accumulator.index(), kind="stable")]
-        if self.test_copied is not None:
-            frame["target_is_copy"] = np.asarray(self.test_copied, dtype=bool)
+    def per_sample(self, split: Literal["val", "test"] = "test") -> pd.DataFrame:
+        """Outcomes per sample of ``split`` (hits and gains of both families, P(new place), and
+        ``target_is_copy`` when the copies are known), in split order: test's are the tested model's,
+        validation's the model chosen on validation (for a refit, the model before it trained on them)."""
+        scores, p_new, copied = (
+            (self.val_scores, self.val_p_new, self.val_copied)
+            if split == "val"
+            else (self.test_scores, self.test_p_new, self.test_copied)
+        )
+        if scores is None or p_new is None:
+            raise ValueError(f"this evaluation kept no per-sample outcomes of {split!r}")
+        frame = scores.accumulator.per_sample()
+        frame["p_new"] = p_new[np.argsort(scores.accumulator.index(), kind="stable")]
+        if copied is not None:
+            frame["target_is_copy"] = np.asarray(copied, dtype=bool)
         return frame
 
     def dedup(self) -> dict[str, float]:
@@ -306,6 +320,8 @@ def evaluate(
         target_in_history=float(100 * test.target_in_history().mean()) if len(test) else float("nan"),
         val_reliability=table,
         head_inputs=(head_split.features, head_split.is_new),
+        val_scores=val_split,
+        val_p_new=head.predict(val_split.features),
     )
 
 

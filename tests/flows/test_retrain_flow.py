@@ -163,15 +163,24 @@ def test_champion_moves_only_if_the_challenger_is_better(world, retrained):
     assert first["promotion"]["mhsa"]["reason"] == "no champion yet"
     decision = retrained["promotion"]["mhsa"]
     assert {"challenger_score", "champion_score", "champion_version", "challenger_version"} <= set(decision)
-    # the one champion rule: a place metric, a paired bootstrap over the test samples and a minimum effect
-    assert decision["metric"] == "test place_mrr"
+    # the one champion rule: a place metric, a paired bootstrap over the validation samples (test is read
+    # by no decision) and a minimum effect
+    assert decision["metric"] == "val place_mrr"
+    assert decision["test"].startswith("paired bootstrap over ")
+    assert "validation samples" in decision["test"]
+    import pandas as pd
+
+    val = pd.read_parquet(Path(common["data_dir"]) / "results" / "mhsa" / "seed0" / "val_per_sample.parquet")
+    assert decision["challenger_score"] == pytest.approx(val["place_mrr"].mean())
+    assert sum(g["n"] for g in decision["groups"].values()) == len(val)
     assert decision["delta"] == pytest.approx(decision["challenger_score"] - decision["champion_score"])
     assert 0 < decision["p_value"] <= 1
     assert decision["promoted"] == (
         decision["delta"] >= decision["min_effect"] and decision["p_value"] < decision["alpha"]
     )
-    assert "translated into its ids" in decision["champion_scored_on"]  # the data changed under it
-    # user 073 got new days: its test samples are the "changed" group, the other users "unchanged"
+    # the data changed under it: the champion reads today's validation in its own ids
+    assert decision["champion_scored_on"].startswith("the validation split translated into its ids")
+    # user 073 got new days: its validation samples are the "changed" group, the other users "unchanged"
     assert decision["groups"]["changed"]["n"] > 0
     assert set(decision["groups"]) <= {"changed", "unchanged", "new_user"}
     uri = common["tracking"]["tracking_uri"]
@@ -189,10 +198,10 @@ def test_champion_moves_only_if_the_challenger_is_better(world, retrained):
         "promoted" if decision["promoted"] else "kept"
     )
     metrics = parent.data.metrics
-    assert metrics["champion_challenger.mhsa.challenger_test_place_mrr"] == pytest.approx(
+    assert metrics["champion_challenger.mhsa.challenger_val_place_mrr"] == pytest.approx(
         decision["challenger_score"]
     )
-    assert metrics["champion_challenger.mhsa.champion_test_place_mrr"] == pytest.approx(
+    assert metrics["champion_challenger.mhsa.champion_val_place_mrr"] == pytest.approx(
         decision["champion_score"]
     )
     assert metrics["champion_challenger.mhsa.p_value"] == pytest.approx(decision["p_value"])

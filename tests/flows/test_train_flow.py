@@ -356,3 +356,72 @@ def test_a_moved_champion_is_decided_again_on_a_parent_run_of_its_own(trained):
         assert train(**kwargs)["parent_run_id"] == decided["parent_run_id"]  # and settled again
     finally:
         client.set_registered_model_alias("nextloc-markov", "champion", champion)
+
+
+def test_the_champion_is_decided_on_validation_and_never_reads_test(trained, tmp_path):
+    """The decision reads validation only (tasks.promotion): with every test outcome rewritten to favour the
+    champion and the test samples gone, a challenger better on validation is promoted; a decision reading
+    test would keep the champion, or fail. markov's two seeds are the same model: the alias goes to seed 1's
+    version, the challenger is seed 0's, and seed 0's validation outcomes are rewritten to hit every sample.
+    Last in this module: it records a decision on the versions (the alias and the files are put back)."""
+    import shutil
+
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    from flows.train import dataset_ref
+    from runtime.catalog import Catalog
+    from tasks.promotion import PromotionRule, champion_challenger
+    from tasks.train import TrackingConfig
+    from tracking import mlflow_runs
+
+    data_dir, uri, result, _ = trained
+    catalog = Catalog(str(data_dir))
+    runs = [r for r in result["runs"] if r["kind"] == "markov"]
+    by_seed = {r["seed"]: r for r in runs}
+    client = MlflowClient(uri, uri)
+    champion = client.get_model_version_by_alias("nextloc-markov", "champion").version
+    data = dataset_ref(str(data_dir))  # the fingerprints of the samples as trained: read before any change
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    seed0, test_samples = catalog.run_dir("markov", 0), catalog.samples("test")
+    files = [seed0 / "val_per_sample.parquet", test_samples] + [
+        catalog.run_dir("markov", s) / "test_per_sample.parquet" for s in by_seed
+    ]
+    for f in files:
+        shutil.copy2(f, kept / f"{f.parent.name}-{f.name}")
+    try:
+        for seed in by_seed:  # on test the challenger misses everything
+            path = catalog.run_dir("markov", seed) / "test_per_sample.parquet"
+            frame = pd.read_parquet(path)
+            frame[[c for c in frame if c.startswith(("acc@", "mrr", "ndcg", "place_"))]] = 0.0
+            frame.to_parquet(path)
+        test_samples.unlink()
+        val = pd.read_parquet(seed0 / "val_per_sample.parquet")  # on validation seed 0 hits every sample
+        val[[c for c in val if c.startswith(("acc@", "mrr", "ndcg", "place_"))]] = 100.0
+        val.to_parquet(seed0 / "val_per_sample.parquet")
+        client.set_registered_model_alias(
+            "nextloc-markov", "champion", str(by_seed[1]["results"]["registered_version"])
+        )
+        experiment_id = mlflow_runs.configure(uri, "test")
+        with mlflow_runs.parent_run(experiment_id, "validation decides", {}, {}) as parent_id:
+            tracking = TrackingConfig(tracking_uri=uri, experiment="test")
+            decision = champion_challenger("markov", runs, data, PromotionRule(), tracking, parent_id)
+        assert decision["metric"] == "val place_mrr"
+        assert decision["challenger_version"] == str(by_seed[0]["results"]["registered_version"])
+        assert decision["champion_scored_on"].startswith("its run's own validation outcomes")
+        assert decision["test"].startswith(f"paired bootstrap over {len(val)} validation samples")
+        champion_val = pd.read_parquet(catalog.run_dir("markov", 1) / "val_per_sample.parquet")
+        assert decision["champion_score"] == pytest.approx(champion_val["place_mrr"].mean())
+        # the evidence is every seed averaged sample by sample: seed 0's 100 with seed 1's own
+        assert decision["challenger_score"] == pytest.approx((100.0 + decision["champion_score"]) / 2)
+        assert decision["promoted"], decision["reason"]
+        metrics = client.get_run(parent_id).data.metrics
+        assert metrics["champion_challenger.markov.challenger_val_place_mrr"] == pytest.approx(
+            decision["challenger_score"]
+        )
+        assert not [k for k in metrics if "test" in k]
+    finally:
+        for f in files:
+            shutil.copy2(kept / f"{f.parent.name}-{f.name}", f)
+        client.set_registered_model_alias("nextloc-markov", "champion", champion)

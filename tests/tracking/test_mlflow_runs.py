@@ -138,7 +138,7 @@ def test_champion_alias_and_decision_records(store: str) -> None:
     versions.move_champion("mhsa", "1")
     assert versions.champion_holder("mhsa") == versions.Holder("1", runs[0])
     decision = {
-        "metric": "test place_mrr",
+        "metric": "val place_mrr",  # the split the decision read, then the metric
         "promoted": False,
         "reason": "not better",
         "challenger_version": "2",
@@ -153,7 +153,9 @@ def test_champion_alias_and_decision_records(store: str) -> None:
     with mlflow_runs.parent_run(experiment_id, "p", {}, {}) as parent_id:
         versions.record_decision(parent_id, "mhsa", decision)
     parent = client.get_run(parent_id).data
-    assert parent.metrics["champion_challenger.mhsa.champion_test_place_mrr"] == 11.0
+    assert parent.metrics["champion_challenger.mhsa.champion_val_place_mrr"] == 11.0
+    assert parent.metrics["champion_challenger.mhsa.challenger_val_place_mrr"] == 10.0
+    assert not [k for k in parent.metrics if "_test_" in k]  # the decision read no test outcome
     assert parent.metrics["champion_challenger.mhsa.p_value"] == 0.9
     assert parent.tags["champion_challenger.mhsa.decision"] == "kept"
     assert mlflow_runs.run_tags(runs[1])["champion_decision"] == "kept: v1 stays the champion"

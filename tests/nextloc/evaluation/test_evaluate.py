@@ -318,7 +318,7 @@ class TestChampionRule:
             "unchanged": {"n": 100, "delta": 0.0},
         }
         assert out["promoted"]
-        assert out["test"].startswith("paired bootstrap over 200 test samples")
+        assert out["test"].startswith("paired bootstrap over 200 validation samples")
 
 
 def test_the_head_reads_a_given_window_instead_of_the_samples_history(make_samples):
