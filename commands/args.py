@@ -382,9 +382,8 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
         default="markov,mhsa,pointer_plus,ranker",
         help="comma list of: ranker (LambdaRank over the user's routine: the best), ranker_refit (its trees refit "
         "on train + val, its own row), routine (a rule over it), "
-        "mhsa, mhsa_diagonal (ablation), pointer (reference V45), pointer_plus (nextloc), pointer_plus_refit "
-        "(refit on train + val, its own row), pointer_plus_ensemble (5 seeds averaged), lstm, markov, most_frequent, "
-        "last_location",
+        "mhsa, mhsa_diagonal (ablation), pointer (reference V45), pointer_plus (nextloc), "
+        "pointer_plus_ensemble (5 seeds averaged), lstm, markov, most_frequent, last_location",
     )
     parser.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")

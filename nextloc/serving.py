@@ -193,6 +193,10 @@ def load_bundle(folder: Path) -> ModelBundle:
     if spec.get("format") != BUNDLE_FORMAT:
         raise ValueError(f"{spec_path}: field 'format' is {spec.get('format')!r}, expected {BUNDLE_FORMAT}")
     kind = spec["kind"]
+    try:
+        registry.kind(kind)  # a removed kind is refused in one line saying why
+    except ValueError as err:
+        raise ValueError(f"{spec_path}: {err}") from None
     preprocess = PreprocessConfig.model_validate(spec["preprocess"])
     model_spec = spec["model"]
     weights = folder / WEIGHTS_FILE

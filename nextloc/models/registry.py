@@ -129,8 +129,6 @@ POINTER_PLUS_RECIPE = _recipe(
     min_epochs=0,
     bucket_pool=50,
 )
-# the earlier nextloc recipe: the epoch count chosen on validation (reference) MRR, then a refit on train + val
-POINTER_PLUS_REFIT_RECIPE = _recipe(POINTER_PLUS_RECIPE, monitor="val_mrr", refit_on_train_val=True)
 
 _ENTRIES = (
     Kind(
@@ -172,16 +170,6 @@ _ENTRIES = (
         # augmentation so that the 1s of later histories mean something to the model
         presets={"causal": True, "mask_unknown_copy": True, "unknown_dropout": 0.1},
         recipe=POINTER_PLUS_RECIPE,
-    ),
-    Kind(
-        name="pointer_plus_refit",
-        family="neural",
-        description="causal pointer refit on train + val (outside the reference data budget)",
-        log_prob_output=True,
-        model="nextloc.models.pointer:PointerGenerator",
-        config=PointerConfig,
-        presets={"causal": True},
-        recipe=POINTER_PLUS_REFIT_RECIPE,
     ),
     Kind(
         name="pointer_plus_ensemble",
@@ -247,16 +235,27 @@ _ENTRIES = (
 
 KINDS: Mapping[str, Kind] = MappingProxyType({entry.name: entry for entry in _ENTRIES})
 
+#: Kinds that existed and were removed, and why: naming one (``--model``, a registered bundle) says so.
+REMOVED_KINDS: Mapping[str, str] = MappingProxyType(
+    {
+        "pointer_plus_refit": "its new-place head was fit on validation answers of a network refit on them "
+        "(cross-fitting a network K times costs K trainings); train pointer_plus instead",
+    }
+)
+
 
 def kind(name: str) -> Kind:
     """The registry entry of ``name``.
 
     Raises:
-        ValueError: ``name`` is not a registered kind (the message lists them).
+        ValueError: ``name`` is not a registered kind (the message lists them), or a removed one (the message
+            says why, in one line).
     """
     try:
         return KINDS[name]
     except KeyError:
+        if name in REMOVED_KINDS:
+            raise ValueError(f"model kind {name!r} was removed: {REMOVED_KINDS[name]}") from None
         raise ValueError(f"unknown model kind {name!r}; expected one of {list(KINDS)}") from None
 
 

@@ -95,10 +95,18 @@ TrainOverrides = _per_kind(
 )
 
 
+# why the pipeline trains no network on train + val (the library's fit_model still can, for benchmarks)
+REFIT_REFUSED = (
+    "a network refit on train + val would have its new-place head fit on validation answers it trained on "
+    "(the removed pointer_plus_refit)"
+)
+
+
 def check_kind_overrides(kind_name: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> None:
     """Raise what training ``kind_name`` (a network or a seed ensemble) with these overrides would, building
-    nothing: a key that is not a field of the kind's model config, a value the config rejects, or a training
-    option :func:`~nextloc.models.registry.training_recipe` rejects (its name or value).
+    nothing: a key that is not a field of the kind's model config, a value the config rejects, a training
+    option :func:`~nextloc.models.registry.training_recipe` rejects (its name or value), or a refit on
+    train + val (:data:`REFIT_REFUSED`).
 
     Raises:
         ValueError: naming the kind, the key and what is allowed.
@@ -106,6 +114,8 @@ def check_kind_overrides(kind_name: str, model: Mapping[str, Any], train: Mappin
     entry = kind(kind_name)
     if not entry.is_neural:
         raise ValueError(_PerKind.unknown_keys_message([kind_name]))
+    if train.get("refit_on_train_val"):
+        raise ValueError(f"{kind_name}: training option refit_on_train_val=True is refused: {REFIT_REFUSED}")
     try:
         check_model_overrides(entry.trained.name, model)
         training_recipe(entry.trained.name, **train)

@@ -17,8 +17,8 @@ Recipes (reference-protocol.md section 2):
   early stopping on validation loss (strict improvement), patience 5, at least 8 epochs, at most 50.
 * ``pointer_plus`` (nextloc): the pointer recipe with a cosine over 15 epochs (patience 3); the epoch is
   chosen on validation *place* MRR and its weights are tested (fit on train, choose on val, test once).
-* ``pointer_plus_refit``: the earlier nextloc recipe, its own row, never a headline: the epoch count is
-  chosen on validation (reference) MRR, then a fresh model is trained on train + val for that many epochs
+* ``refit_on_train_val`` (a recipe option no kind uses; the flows refuse it, :mod:`nextloc.training.overrides`):
+  the epoch count chosen on validation, then a fresh model trained on train + val for that many epochs
   with the rate annealed over them (more data than the reference budget).
 
 Changes from the reference recipes, for speed on a CPU; each is used only where the 5-seed validation

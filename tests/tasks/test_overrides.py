@@ -30,6 +30,12 @@ from nextloc.training.overrides import ModelOverrides, TrainOverrides, resolve_o
         ),
         (None, {"mhsa": {"bucket_pool": 0}}, r"mhsa: bucket_pool must be >= 1"),
         (None, {"markov": {"lr": 1e-3}}, r"name unknown models \['markov'\]"),
+        # a network refit on train + val would fit its new-place head on answers it trained on
+        (
+            None,
+            {"pointer_plus": {"refit_on_train_val": True}},
+            r"pointer_plus: training option refit_on_train_val=True is refused: .*new-place head",
+        ),
         # an ensemble is checked as its members' kind
         (
             {"pointer_plus_ensemble": {"nope": 1}},

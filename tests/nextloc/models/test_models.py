@@ -18,7 +18,7 @@ from nextloc.models.embedding import MaskedEncoderLayer, last_valid
 from nextloc.models.ensemble import SeedEnsemble
 from nextloc.models.registry import KINDS as KINDS_REGISTRY
 
-KINDS = ["mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "pointer_plus_refit", "lstm"]
+KINDS = ["mhsa", "mhsa_diagonal", "pointer", "pointer_plus", "lstm"]
 V, U = 40, 6  # small vocabularies for the behavioural tests
 
 
@@ -112,7 +112,6 @@ def test_registry_and_build_model_errors():
         "mhsa_diagonal": False,
         "pointer": True,
         "pointer_plus": True,
-        "pointer_plus_refit": True,
         "pointer_plus_ensemble": True,
         "lstm": False,
     }
@@ -125,6 +124,9 @@ def test_registry_and_build_model_errors():
         assert config_cls.__dataclass_params__.frozen
     with pytest.raises(ValueError, match="transformer"):
         build_model("transformer", V, U)
+    # a removed kind is refused in one line that says why
+    with pytest.raises(ValueError, match=r"^model kind 'pointer_plus_refit' was removed: .*new-place head"):
+        build_model("pointer_plus_refit", V, U)
     with pytest.raises(ValueError, match="d_modle"):
         build_model("mhsa", V, U, d_modle=64)
     with pytest.raises(ValueError, match="diagonal_mask"):
@@ -530,9 +532,6 @@ def test_pointer_plus_is_the_reference_network_with_causal_attention():
     assert not ref.config.causal
     assert not ref.config.mask_unknown_copy
     assert ref.config.unknown_dropout == 0.0
-    refit = build_model("pointer_plus_refit", 1187, 46, max_seq_len=64).config
-    assert refit.causal
-    assert not refit.mask_unknown_copy
     plus.eval()
     batch = make_batch([6, 6], seed=0)
     altered = dataclasses.replace(batch, loc=batch.loc.clone())
@@ -580,7 +579,7 @@ def test_the_registry_declares_every_kind_once_and_the_views_derive_from_it():
     from nextloc.training.train import TrainConfig
 
     assert registry.kinds("neural") == tuple(KINDS)
-    assert registry.neural_kinds() == (*KINDS[:5], "pointer_plus_ensemble", "lstm")
+    assert registry.neural_kinds() == (*KINDS[:4], "pointer_plus_ensemble", "lstm")
     assert registry.kinds("baseline") == ("markov", "most_frequent", "last_location")
     assert registry.kinds("routine") == ("routine", "ranker", "ranker_refit")
     assert registry.kinds() == (*registry.neural_kinds(), *registry.kinds("baseline", "routine"))
@@ -596,6 +595,7 @@ def test_the_registry_declares_every_kind_once_and_the_views_derive_from_it():
     assert registry.kind("ranker").model_class.__name__ == "RoutineRanker"  # imported on first use
     with pytest.raises(ValueError, match=r"unknown model kind 'transformer'; expected one of \['mhsa'"):
         registry.kind("transformer")
+    assert not set(registry.REMOVED_KINDS) & set(registry.KINDS)  # a removed kind is no kind
     with pytest.raises(ValueError, match="not a network"):
         build_model("markov", V, U)
     with pytest.raises(TypeError):

@@ -174,6 +174,21 @@ class TestBundle:
         with pytest.raises(Exception, match="size|shape|weights"):
             load_bundle(tmp_path)
 
+    def test_a_bundle_of_a_removed_kind_is_refused_in_one_line(self, tmp_path: Path) -> None:
+        """pointer_plus_refit was removed (nextloc.models.registry.REMOVED_KINDS): a bundle of it names its
+        file, the kind and why, in one line."""
+        save_bundle(
+            tmp_path, "pointer_plus", build_model("pointer_plus", 6, 3, max_seq_len=8), PreprocessConfig()
+        )
+        spec = json.loads((tmp_path / BUNDLE_FILE).read_text())
+        spec["kind"] = "pointer_plus_refit"
+        (tmp_path / BUNDLE_FILE).write_text(json.dumps(spec))
+        with pytest.raises(ValueError, match="was removed") as err:
+            load_bundle(tmp_path)
+        message = str(err.value)
+        assert "\n" not in message
+        assert message.startswith(f"{tmp_path / BUNDLE_FILE}: model kind 'pointer_plus_refit' was removed: ")
+
     def test_no_bundle(self, tmp_path: Path) -> None:
         with pytest.raises(FileNotFoundError, match=BUNDLE_FILE):
             load_bundle(tmp_path)

@@ -367,12 +367,15 @@ def test_resuming_a_finished_run_trains_nothing(data, tmp_path):
 
 
 def test_fit_model_resumes_a_crash_inside_the_refit(data, tmp_path, monkeypatch):
-    """pointer_plus_refit: selection finished, refit killed after its first epoch; the rerun matches both."""
+    """A refit on train + val (the library's fit_model; no kind of the pipeline refits): selection finished,
+    refit killed after its first epoch; the rerun matches both."""
     train, val = data
-    config = training_recipe("pointer_plus_refit", max_epochs=4, batch_size=32)
+    config = training_recipe(
+        "pointer_plus", max_epochs=4, batch_size=32, monitor="val_mrr", refit_on_train_val=True
+    )
 
     def build():
-        return _build("pointer_plus_refit")
+        return _build("pointer_plus")
 
     want_selection, want_refit = fit_model(build, train, val, config, log_prob_output=True)
     assert want_refit is not None
@@ -479,10 +482,10 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
             torch.testing.assert_close(got, want[name], rtol=0, atol=0, msg=name)
     with pytest.raises(ValueError, match="train only"):
         fit_seed_ensemble(
-            lambda seed: _build("pointer_plus_refit", seed),
+            lambda seed: _build("pointer_plus", seed),
             train,
             val,
-            training_recipe("pointer_plus_refit", max_epochs=2),
+            training_recipe("pointer_plus", max_epochs=2, refit_on_train_val=True),
             2,
             log_prob_output=True,
         )
@@ -496,7 +499,6 @@ def test_seed_ensemble_members_are_the_single_models_of_their_seeds(data, tmp_pa
         ("lstm", "pcg64"),
         ("pointer", "pcg64"),
         ("pointer_plus", "pcg64"),
-        ("pointer_plus_refit", "pcg64"),
     ],
 )
 def test_recipes_dropout_draws_and_the_reference_draws_are_one_override_away(kind, draws):
