@@ -14,6 +14,7 @@ ids mean). :func:`save_bundle` writes one, :func:`load_bundle` reads it back int
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +28,9 @@ from nextloc.preprocessing.vocabulary import place_centres, place_popularity
 from nextloc.routine.answerer import RoutineAnswerer
 from nextloc.routine.novelty import NewPlaceHead
 from nextloc.routine.ranking import CandidateScorer, scorer_from_state
-from nextloc.routine.tally import StoredTally
+from nextloc.routine.tally import TALLY_SCHEMA, StoredTally
 from nextloc.routine.unseen import split_tally
-from nextloc.storage import write_json, write_parquet, write_with
+from nextloc.storage import write_json, write_parquet, write_parquet_parts, write_with
 
 if TYPE_CHECKING:
     from torch import nn
@@ -102,7 +103,7 @@ def save_bundle(
     locations: pd.DataFrame | None = None,
     users: pd.DataFrame | None = None,
     match_radius_m: float = DEFAULT_MATCH_RADIUS_M,
-    tally: pd.DataFrame | None = None,
+    tally: pd.DataFrame | Iterable[pd.DataFrame] | None = None,
 ) -> Path:
     """Write a model bundle (see the module docstring) into ``folder``; every file is written atomically.
 
@@ -116,7 +117,8 @@ def save_bundle(
         locations: the dataset's location vocabulary.
         users: the dataset's user vocabulary.
         match_radius_m: the radius used to map a visit to a known location.
-        tally: a routine kind's users' tally (:meth:`nextloc.routine.features.Routine.tally`).
+        tally: a routine kind's users' tally (:meth:`nextloc.routine.features.Routine.tally`), or its parts
+            (``tally_parts``: written one at a time).
 
     Returns:
         ``folder``.
@@ -146,14 +148,16 @@ def save_bundle(
     return folder
 
 
-def _save_routine(folder: Path, kind: str, model, tally: pd.DataFrame | None, locations) -> dict[str, Any]:
+def _save_routine(folder: Path, kind: str, model, tally, locations) -> dict[str, Any]:
     if tally is None or locations is None:
         raise ValueError(f"a {kind!r} bundle needs the users' tally and the location vocabulary")
     state = dict(model.state())
     trees = state.pop("model", None)
     if trees is not None:
         write_with(lambda tmp: Path(tmp).write_text(trees), folder / RANKER_FILE)
-    write_parquet(tally, folder / TALLY_FILE)
+    write_parquet_parts(
+        [tally] if isinstance(tally, pd.DataFrame) else tally, TALLY_SCHEMA, folder / TALLY_FILE
+    )
     return {"family": "routine", "state": state, "log_prob_output": True}
 
 

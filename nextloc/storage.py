@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "write_geoparquet",
     "write_json",
     "write_parquet",
+    "write_parquet_parts",
     "write_with",
 ]
 
@@ -56,6 +57,19 @@ def _as_table(data: pa.Table | pd.DataFrame) -> pa.Table:
 def write_parquet(data: pa.Table | pd.DataFrame, path: Path) -> str:
     """Write a table atomically; returns the content fingerprint of the written file."""
     return _write_table(_as_table(data), path)
+
+
+def write_parquet_parts(parts: Iterable[pd.DataFrame], schema: pa.Schema, path: Path) -> str:
+    """Write a table given part by part (one row group each, one part held at a time) atomically, each
+    part cast to ``schema``; returns the content fingerprint of the written file."""
+
+    def write(tmp: Path) -> None:
+        options = {"use_dictionary": _dictionary_columns(schema), **PARQUET_OPTIONS}
+        with pq.ParquetWriter(tmp, schema, **options) as writer:
+            for part in parts:
+                writer.write_table(pa.Table.from_pandas(part, schema=schema, preserve_index=False))
+
+    return write_with(write, path)
 
 
 def write_geoparquet(data: pa.Table | pd.DataFrame, path: Path) -> str:

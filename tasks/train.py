@@ -172,9 +172,17 @@ def train_model_task(
         fitted, splits = fitted.answered(), None
         results_json = _results_json(fitted, evaluation, time.perf_counter() - started, run_id)
         results_json["stage_seconds"] = stages
-        _record(_Run(run_id, run_dir, kind, seed, meta, catalog, data), fitted, evaluation, results_json)
+        run = _Run(run_id, run_dir, kind, seed, meta, catalog, data)
+        with tempfile.TemporaryDirectory() as tmp:  # the bundle, until MLflow has copied it
+            fitted = _save_bundle(run, fitted, evaluation, Path(tmp) / "bundle")
+            _record(run, fitted, evaluation, results_json, Path(tmp) / "bundle")
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # recorded: nothing left to resume
-    logger.info(
+    _log_result(kind, seed, evaluation, fitted.selected_epoch)
+    return {"kind": kind, "seed": seed, "run_id": run_id, "results": results_json}
+
+
+def _log_result(kind: str, seed: int, evaluation: Evaluation, selected_epoch: int | None) -> None:
+    get_run_logger().info(
         "%s seed %d: test place acc@1 %.2f place mrr %.2f new-place AUC %.1f (acc@1 %.2f mrr %.2f; selected epoch %s)",
         kind,
         seed,
@@ -183,9 +191,8 @@ def train_model_task(
         evaluation.test.get("new_place_auc", float("nan")),
         evaluation.test["acc@1"],
         evaluation.test["mrr"],
-        fitted.selected_epoch,
+        selected_epoch,
     )
-    return {"kind": kind, "seed": seed, "run_id": run_id, "results": results_json}
 
 
 def _flag_copies(evaluation: Evaluation, staypoints: Path, splits: dict[str, Any]) -> None:
@@ -221,8 +228,34 @@ def _results_json(fitted: FittedKind, evaluation: Evaluation, seconds: float, ru
     }
 
 
-def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json: dict[str, Any]) -> None:
-    """Write the run's files, log them, register the bundle, log the test metrics linked to it and describe
+def _save_bundle(run: _Run, fitted: FittedKind, evaluation: Evaluation, folder: Path) -> FittedKind:
+    """Write the model's bundle into ``folder`` (weights, config, vocabulary, new-place head, a routine kind's
+    users' tally written index by index; nothing pickled); returns the fit without what only the bundle
+    read (a routine kind's data: MLflow loads the bundle to check its input example, beside the fit)."""
+    from nextloc.serving import save_bundle  # torch: only when a model trains and is registered
+
+    save_bundle(
+        folder,
+        run.kind,
+        fitted.model,
+        PreprocessConfig.model_validate(run.meta["config"]),
+        head=evaluation.head,
+        locations=_vocabulary(run.catalog, "locations"),
+        users=_vocabulary(run.catalog, "users"),
+        tally=fitted.tally_parts(),
+    )
+    return fitted.bundled()
+
+
+def _vocabulary(catalog: Catalog, name: str) -> pd.DataFrame | None:
+    path = catalog.vocabulary(name)
+    return pd.read_parquet(path) if path.is_file() else None
+
+
+def _record(
+    run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json: dict[str, Any], bundle: Path
+) -> None:
+    """Write the run's files, log them, register ``bundle``, log the test metrics linked to it and describe
     its version; ``results_json`` gains the model URI, the registered version and whether the bundle holds
     the users' tally.
 
@@ -240,44 +273,26 @@ def _record(run: _Run, fitted: FittedKind, evaluation: Evaluation, results_json:
     for vocab in ("locations", "users"):  # what the model's ids mean (to score it on later data)
         if catalog.vocabulary(vocab).is_file():
             mlflow_runs.log_file_artifact(run.run_id, catalog.vocabulary(vocab), "vocabulary")
-    tally = fitted.tally
-    model_uri, version, model_id = _log_bundle(run.kind, fitted.model, run.meta, evaluation, catalog, tally)
+    model_uri, version, model_id = _log_bundle(run.kind, bundle, catalog)
     mlflow_runs.log_run_metrics(_flat_metrics(fitted, evaluation), model_id=model_id)
-    results_json.update(
-        {"model_uri": model_uri, "registered_version": version, "holds_tally": tally is not None}
-    )
+    holds_tally = run.kind in registry.kinds("routine")
+    results_json.update({"model_uri": model_uri, "registered_version": version, "holds_tally": holds_tally})
     versions.describe_version(run.kind, version, run.seed, run.data.fingerprint, results_json)
     if "stage_seconds" in results_json:
         results_json["stage_seconds"]["record"] = round(time.perf_counter() - started, 2)
     write_json(results_json, run_dir / "results.json")
 
 
-def _log_bundle(kind: str, model, meta: dict, evaluation: Evaluation, catalog: Catalog, tally=None):
-    """Register the model as a bundle (weights, config, vocabulary, new-place head, a routine kind's users'
-    tally; nothing pickled) with a pyfunc that answers visits; returns ``(model_uri, version, model_id)``."""
-    # torch (both import it): only when a model trains and is registered
-    from nextloc.predict.answer import example_visits
-    from nextloc.serving import save_bundle
+def _log_bundle(kind: str, bundle: Path, catalog: Catalog) -> tuple[str, str, str]:
+    """Register ``bundle`` with a pyfunc that answers visits, a few real visits as its input example;
+    returns ``(model_uri, version, model_id)``."""
+    from nextloc.predict.answer import EXAMPLE_COLUMNS, example_visits  # torch: only when registered
 
-    vocab = {
-        name: pd.read_parquet(catalog.vocabulary(name)) if catalog.vocabulary(name).is_file() else None
-        for name in ("locations", "users")
-    }
-    example = None
-    if vocab["locations"] is not None and catalog.staypoints.is_file():
-        example = example_visits(pd.read_parquet(catalog.staypoints), vocab["locations"])
-    with tempfile.TemporaryDirectory() as tmp:
-        bundle = save_bundle(
-            Path(tmp) / "bundle",
-            kind,
-            model,
-            PreprocessConfig.model_validate(meta["config"]),
-            head=evaluation.head,
-            locations=vocab["locations"],
-            users=vocab["users"],
-            tally=tally,
-        )
-        return versions.log_model(bundle, example, kind, _requirements())
+    example, locations = None, _vocabulary(catalog, "locations")
+    if locations is not None and catalog.staypoints.is_file():
+        staypoints = pd.read_parquet(catalog.staypoints, columns=list(EXAMPLE_COLUMNS))
+        example = example_visits(staypoints, locations)
+    return versions.log_model(bundle, example, kind, _requirements())
 
 
 def _flat_metrics(fitted: FittedKind, evaluation: Evaluation) -> dict[str, float]:

@@ -223,6 +223,9 @@ def _place_details(locations: pd.DataFrame | None, wanted: np.ndarray) -> dict[i
     return details
 
 
+EXAMPLE_COLUMNS = ("user_id", "location_id", "started_at", "finished_at")  # what example_visits reads
+
+
 def example_visits(staypoints: pd.DataFrame, locations: pd.DataFrame, n: int = 6) -> pd.DataFrame:
     """A few real visits in the input format (a registered model's input example): the last ``n``
     staypoints of the first user at known locations (:func:`visits_at_centres`).

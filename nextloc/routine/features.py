@@ -245,12 +245,15 @@ class Routine:
     def tally(self) -> pd.DataFrame:
         """Every index as counts per key (``index``, ``key``, ``count``, ``total``, ``last``); the latest
         time only where a feature reads it (:data:`INDEXES`). No visit is stored."""
-        parts = []
+        return pd.concat(list(self.tally_parts()), ignore_index=True)
+
+    def tally_parts(self, prefix: str = "") -> Iterator[pd.DataFrame]:
+        """:meth:`tally` index by index, each name after ``prefix`` (what a bundle is written from: one
+        index held at a time)."""
         for name, (_, _, _, keeps_last) in INDEXES.items():
             snapshot = self.counts[name].snapshot(with_last=keeps_last)
-            snapshot.insert(0, "index", name)
-            parts.append(snapshot)
-        return pd.concat(parts, ignore_index=True)
+            snapshot.insert(0, "index", prefix + name)
+            yield snapshot
 
     def candidates(self, queries: Queries) -> tuple[np.ndarray, np.ndarray]:
         """The known places each query's user visited before its ``now``: ``(query row, place)`` pairs,

@@ -12,11 +12,22 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.routine.counts import Snapshot
 
 NO_TALLY_END = np.iinfo(np.int64).min // 4  # before any time: a user the tally does not hold
+# the tally table as a bundle stores it (one row per index and key; ``last`` NaN where not kept)
+TALLY_SCHEMA = pa.schema(
+    [
+        ("index", pa.string()),
+        ("key", pa.int64()),
+        ("count", pa.float64()),
+        ("total", pa.float64()),
+        ("last", pa.float64()),
+    ]
+)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ unseen places it holds and their centres: a request's own unseen places get the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -147,13 +148,16 @@ class UnseenPlaces:
     def tally(self) -> pd.DataFrame:
         """This routine's tally, its indexes named ``unseen:<index>``, and the centres of its unseen places
         (of all their visits: what a registered model answers with)."""
-        table = self.routine.tally()
-        table["index"] = PREFIX + table["index"].astype(str)
+        return pd.concat(list(self.tally_parts()), ignore_index=True)
+
+    def tally_parts(self) -> Iterator[pd.DataFrame]:
+        """:meth:`tally` index by index, the centres last."""
+        yield from self.routine.tally_parts(PREFIX)
         ids = np.arange(self.num_places, self.num_places + self.held)
         after_all = np.full(len(ids), END_OF_TIME)  # every visit, the centre log's included
         lat, lon = self.routine.centre(ids, after_all).T
         centres = pd.DataFrame({"index": PREFIX + CENTRES_INDEX, "key": ids, "count": lat, "total": lon})
-        return pd.concat([table, centres.assign(last=np.nan)], ignore_index=True)
+        yield centres.assign(last=np.nan)
 
 
 def unseen_centres(
@@ -187,12 +191,13 @@ def join_tallies(routine: pd.DataFrame, unseen: pd.DataFrame) -> pd.DataFrame:
 
 def split_tally(table: pd.DataFrame) -> tuple[pd.DataFrame, StoredUnseen | None]:
     """The routine's part of a tally table, and the unseen places' part (None: a tally stored without
-    it)."""
-    index = table["index"].astype(str)
-    mine = index.str.startswith(PREFIX)
+    it). The index names are read once each (as categories), not row by row."""
+    index = table["index"].astype("category")
+    mine = np.asarray(index.cat.categories.str.startswith(PREFIX))[index.cat.codes.to_numpy()]
     if not mine.any():
         return table, None
-    part = table[mine].assign(index=index[mine].str.slice(len(PREFIX)))
+    names = index[mine].cat.remove_unused_categories()
+    part = table[mine].assign(index=names.cat.rename_categories(lambda name: name[len(PREFIX) :]))
     is_centre = (part["index"] == CENTRES_INDEX).to_numpy()
     centres = part[is_centre].sort_values("key")[["count", "total"]].to_numpy(np.float64)
     stored = StoredUnseen(StoredTally.from_frame(part[~is_centre]), centres.reshape(-1, 2))

@@ -11,9 +11,10 @@ This module imports torch; the train task imports it only when a model trains (a
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,6 @@ from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.routine.data import MIN_PAST_VISITS, RoutineData, read_located
-from nextloc.routine.unseen import join_tallies
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
 # the metrics the head's reading changes: the DBSCAN effect's row (Scorers.past_places_explore)
@@ -80,12 +80,16 @@ class FittedKind:
     routine_data: RoutineData | None = None
     scorers: Scorers | None = None
 
-    @property
-    def tally(self) -> Any:
-        """A routine kind's users' tally (kept in its bundle), else None."""
+    def tally_parts(self) -> Iterator[pd.DataFrame] | None:
+        """A routine kind's users' tally (kept in its bundle) index by index, else None."""
         if self.routine_data is None:
             return None
-        return join_tallies(self.routine_data.routine.tally(), self.routine_data.unseen_places.tally())
+        data = self.routine_data
+        return itertools.chain(data.routine.tally_parts(), data.unseen_places.tally_parts())
+
+    def bundled(self) -> FittedKind:
+        """This fit without a routine kind's data: once its tally is in the bundle, nothing reads it."""
+        return replace(self, routine_data=None)
 
     def answered(self) -> FittedKind:
         """This fit without what only its evaluation reads (its scorers, a routine kind's questions): what is

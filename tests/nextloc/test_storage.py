@@ -86,3 +86,30 @@ def test_writers_return_the_fingerprint_of_the_file_written(tmp_path):
     assert text.read_bytes() == "ü\nline\n".encode()
     assert write_json({"a": 1}, tmp_path / "j.json") == hash_file(tmp_path / "j.json")
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_table_written_part_by_part_reads_back_as_the_parts_joined(tmp_path):
+    """``write_parquet_parts``: each part cast to the schema, in order; the fingerprint is the file's; no
+    part at all gives an empty table of that schema."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from nextloc.fingerprint import hash_file
+    from nextloc.storage import write_parquet_parts
+
+    schema = pa.schema([("index", pa.string()), ("key", pa.int64()), ("count", pa.float64())])
+    parts = [
+        pd.DataFrame({"index": "user", "key": [3, 1], "count": [1.0, 2.0]}),
+        pd.DataFrame({"index": "place", "key": np.array([7], dtype=np.int32), "count": [5]}),
+    ]
+    path = tmp_path / "parts.parquet"
+    assert write_parquet_parts(iter(parts), schema, path) == hash_file(path)
+    back = pq.read_table(path)
+    assert back.schema.equals(schema)
+    assert pq.ParquetFile(path).num_row_groups == 2
+    joined = pd.concat(parts, ignore_index=True).astype({"key": "int64", "count": "float64"})
+    pd.testing.assert_frame_equal(back.to_pandas(), joined)
+    write_parquet_parts([], schema, tmp_path / "empty.parquet")
+    assert pq.read_table(tmp_path / "empty.parquet").num_rows == 0
+    assert not list(tmp_path.glob("*.tmp"))
