@@ -28,8 +28,8 @@ from nextloc.preprocessing.vocabulary import place_centres, place_popularity
 from nextloc.routine.answerer import RoutineAnswerer
 from nextloc.routine.novelty import NewPlaceHead
 from nextloc.routine.ranking import CandidateScorer, scorer_from_state
-from nextloc.routine.tally import TALLY_SCHEMA, StoredTally
-from nextloc.routine.unseen import split_tally
+from nextloc.routine.tally import TALLY_SCHEMA
+from nextloc.routine.unseen import read_tally
 from nextloc.storage import write_json, write_parquet, write_parquet_parts, write_with
 
 if TYPE_CHECKING:
@@ -170,10 +170,10 @@ def _load_routine(folder: Path, kind: str, spec: dict[str, Any], preprocess, loc
     if (folder / RANKER_FILE).is_file():
         state["model"] = (folder / RANKER_FILE).read_text()
     num_places = int(locations["loc_index"].max()) + 1
-    tally, unseen = split_tally(pd.read_parquet(folder / TALLY_FILE))
+    tally, unseen = read_tally(folder / TALLY_FILE)
     return RoutineAnswerer(
         model=scorer_from_state(kind, state),
-        tally=StoredTally.from_frame(tally),
+        tally=tally,
         num_places=num_places,
         centres=place_centres(locations, num_places),
         popularity=place_popularity(locations, num_places),

@@ -9,10 +9,12 @@ from sorted arrays by binary search instead of filtering the whole table for eac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.routine.counts import Snapshot
@@ -48,10 +50,12 @@ class StoredTally:
     @classmethod
     def from_frame(cls, tally: pd.DataFrame) -> StoredTally:
         """From the tally table (``index``, ``key``, ``count``, ``total``, ``last``)."""
-        bases = {
-            str(name): Snapshot.from_frame(part)
-            for name, part in tally.groupby("index", sort=False, observed=True)
-        }
+        groups = tally.groupby("index", sort=False, observed=True)
+        return cls.from_bases({str(name): Snapshot.from_frame(part) for name, part in groups})
+
+    @classmethod
+    def from_bases(cls, bases: dict[str, Snapshot]) -> StoredTally:
+        """From each index's counts (:func:`read_bases`)."""
         users = bases.get("user", Snapshot.from_frame(None))
         return cls(bases, users.key, users.last)
 
@@ -73,3 +77,19 @@ class StoredTally:
         pos = np.minimum(np.searchsorted(self.users, users), len(self.users) - 1)
         end = np.where(self.users[pos] == users, self.user_end[pos], np.nan)
         return np.where(np.isnan(end), NO_TALLY_END, np.nan_to_num(end)).astype(np.int64)
+
+
+def read_bases(path: Path) -> dict[str, Snapshot]:
+    """Each index's counts in a tally file (:data:`TALLY_SCHEMA`), read a row group at a time: each name is
+    read once per group, and only numbers are held beside the counts (a bundle written part by part has one
+    row group per index; any grouping reads the same)."""
+    rows: dict[str, list[pd.DataFrame]] = {}
+    file = pq.ParquetFile(path)
+    for group in range(file.num_row_groups):
+        table = file.read_row_group(group, columns=list(TALLY_SCHEMA.names))
+        names = table.column("index").combine_chunks().dictionary_encode()
+        codes = names.indices.to_numpy(zero_copy_only=False)
+        numbers = table.drop_columns(["index"]).to_pandas()
+        for code, name in enumerate(names.dictionary.to_pylist()):
+            rows.setdefault(name, []).append(numbers[codes == code])
+    return {name: Snapshot.from_frame(pd.concat(rows.pop(name), ignore_index=True)) for name in list(rows)}

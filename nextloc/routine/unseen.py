@@ -22,15 +22,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
 from nextloc.preprocessing.sequences import UNSEEN
-from nextloc.routine.counts import grouped_softmax
+from nextloc.routine.counts import Snapshot, grouped_softmax
 from nextloc.routine.features import Routine
-from nextloc.routine.tally import StoredTally
+from nextloc.routine.tally import StoredTally, read_bases
 from nextloc.routine.visits import VisitLog
 
 REQUEST_CAPACITY = 4096  # places outside the vocabulary one request may add to a stored tally's
@@ -196,12 +197,23 @@ def split_tally(table: pd.DataFrame) -> tuple[pd.DataFrame, StoredUnseen | None]
     mine = np.asarray(index.cat.categories.str.startswith(PREFIX))[index.cat.codes.to_numpy()]
     if not mine.any():
         return table, None
-    names = index[mine].cat.remove_unused_categories()
-    part = table[mine].assign(index=names.cat.rename_categories(lambda name: name[len(PREFIX) :]))
-    is_centre = (part["index"] == CENTRES_INDEX).to_numpy()
-    centres = part[is_centre].sort_values("key")[["count", "total"]].to_numpy(np.float64)
-    stored = StoredUnseen(StoredTally.from_frame(part[~is_centre]), centres.reshape(-1, 2))
-    return table[~mine].reset_index(drop=True), stored
+    groups = table[mine].groupby(index[mine], sort=False, observed=True)
+    unseen = {str(name)[len(PREFIX) :]: Snapshot.from_frame(part) for name, part in groups}
+    return table[~mine].reset_index(drop=True), _stored_unseen(unseen)
+
+
+def read_tally(path: Path) -> tuple[StoredTally, StoredUnseen | None]:
+    """A bundle's tally file as :func:`split_tally` splits it, stored: read by :func:`read_bases` (a row group
+    at a time), never as one table with a name per row."""
+    bases = read_bases(path)
+    unseen = {name[len(PREFIX) :]: bases.pop(name) for name in list(bases) if name.startswith(PREFIX)}
+    return StoredTally.from_bases(bases), _stored_unseen(unseen) if unseen else None
+
+
+def _stored_unseen(bases: dict[str, Snapshot]) -> StoredUnseen:
+    """The unseen places' indexes (names without :data:`PREFIX`) and their centres' rows."""
+    centres = bases.pop(CENTRES_INDEX, None) or Snapshot.from_frame(None)
+    return StoredUnseen(StoredTally.from_bases(bases), np.column_stack([centres.count, centres.total]))
 
 
 def unseen_share(

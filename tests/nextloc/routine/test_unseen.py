@@ -179,6 +179,39 @@ def test_a_profile_keeps_its_unseen_places_and_centres_apart_and_an_old_one_has_
     assert old is routine_table
 
 
+def test_a_tally_file_reads_back_as_split_tally_stores_it_however_its_rows_are_grouped(tmp_path) -> None:
+    """``read_tally`` (what a bundle is loaded with: a row group at a time) gives every index's counts, the
+    users and the unseen places' centres that ``split_tally`` of the whole table gives: from a file written
+    index by index (``tally_parts``, as a bundle is now) and from one written as one table (older bundles);
+    a tally without unseen places reads back without them."""
+    from nextloc.routine.tally import TALLY_SCHEMA
+    from nextloc.routine.unseen import read_tally
+    from nextloc.storage import write_parquet, write_parquet_parts
+
+    log = make_log([(0, 2, 0), (100, 1, 0), (200, 1, 1), (300, 3, 0), (400, 1, 1)], located=True)
+    routine, places = Routine(log, NUM_PLACES), UnseenPlaces.build(log, NUM_PLACES, CENTRES, centres_of(log))
+    table, expected = split_tally(join_tallies(routine.tally(), places.tally()))
+    want = StoredTally.from_frame(table)
+    parts = [*routine.tally_parts(), *places.tally_parts()]
+    write_parquet_parts(iter(parts), TALLY_SCHEMA, tmp_path / "parts.parquet")
+    write_parquet(join_tallies(routine.tally(), places.tally()), tmp_path / "one.parquet")
+    write_parquet(routine.tally(), tmp_path / "routine_only.parquet")
+    for name in ("parts.parquet", "one.parquet"):
+        got, unseen = read_tally(tmp_path / name)
+        assert unseen is not None
+        assert expected is not None
+        for stored, reference in ((got, want), (unseen.tally, expected.tally)):
+            assert set(stored.bases) == set(reference.bases), name
+            for index, base in reference.bases.items():
+                for column in ("key", "count", "total", "last"):
+                    np.testing.assert_array_equal(getattr(stored.bases[index], column), getattr(base, column))
+            np.testing.assert_array_equal(stored.users, reference.users)
+            np.testing.assert_array_equal(stored.user_end, reference.user_end)
+        np.testing.assert_array_equal(unseen.centres, expected.centres)
+    _, none = read_tally(tmp_path / "routine_only.parquet")
+    assert none is None
+
+
 def test_a_request_with_too_many_unseen_places_is_refused() -> None:
     log = make_log([(i * 100, 1, i) for i in range(REQUEST_CAPACITY + 1)])
     _, stored = split_tally(UnseenPlaces.build(log, NUM_PLACES, CENTRES).tally())
