@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.preprocessing.staypoints import to_ns
@@ -234,6 +235,9 @@ class RoutineData:
 
 
 LOCATED_COLUMNS = ["location_id", "started_at", "latitude", "longitude"]
+# what VisitLog.from_staypoints reads of staypoints.parquet (the coordinates where it has them)
+STAYPOINT_COLUMNS = ["id", "user", "location_id", "raw_location_id", "started_at", "finished_at"]
+STAYPOINT_COORDINATES = ["latitude", "longitude"]
 
 
 def _folder(spill: tempfile.TemporaryDirectory | None, name: str) -> Path | None:
@@ -243,6 +247,14 @@ def _folder(spill: tempfile.TemporaryDirectory | None, name: str) -> Path | None
     folder = Path(spill.name) / name
     folder.mkdir()
     return folder
+
+
+def read_staypoints(path: Path) -> pd.DataFrame:
+    """The columns :meth:`RoutineData.build` reads of a dataset's ``staypoints.parquet`` (not its geometry
+    nor its sample columns)."""
+    names = pq.read_schema(path).names
+    coordinates = STAYPOINT_COORDINATES if set(STAYPOINT_COORDINATES) <= set(names) else []
+    return pd.read_parquet(path, columns=STAYPOINT_COLUMNS + coordinates)
 
 
 def read_located(path: Path | None) -> pd.DataFrame | None:

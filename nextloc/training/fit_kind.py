@@ -30,7 +30,7 @@ from nextloc.models.baselines import BaselineModule
 from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
-from nextloc.routine.data import MIN_PAST_VISITS, RoutineData, read_located
+from nextloc.routine.data import MIN_PAST_VISITS, RoutineData, read_located, read_staypoints
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
 # the metrics the head's reading changes: the DBSCAN effect's row (Scorers.past_places_explore)
@@ -258,7 +258,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
     # the routine rule's weights are chosen on validation: train's questions are never asked of it
     asked = {s: data for s, data in splits.items() if s != "train" or kind != "routine"}
     data = RoutineData.build(
-        pd.read_parquet(staypoints),
+        read_staypoints(staypoints),
         pd.read_parquet(locations),
         asked,
         vocab["total_loc_num"],
