@@ -83,6 +83,11 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "nextloc-scale")
     parser.add_argument("--keep-data", action="store_true", help="keep each size's files (default: delete)")
     parser.add_argument(
+        "--train-only",
+        action="store_true",
+        help="train the ranker (on each runner) on each size's data kept in --work-dir by a --keep-data run",
+    )
+    parser.add_argument(
         "--visits-above", type=float, default=16, help="sizes above this generate visits, not fixes"
     )
     parser.add_argument("--visits", action="store_true", help=argparse.SUPPRESS)
@@ -110,7 +115,7 @@ def main() -> int:
     }
     try:
         for size in sizes:
-            results["runs"].append(_run_size(size, runners, args, env))
+            results["runs"].append((_train_kept if args.train_only else _run_size)(size, runners, args, env))
     finally:  # the trainings' `nextloc train` started the project's local Prefect API in this Prefect home
         local_api.stop_server(Path(env["PREFECT_HOME"]))
     results["scaling"] = _scaling(results["runs"])
@@ -180,13 +185,34 @@ def _run_size(size: float, runners: list[str], args: argparse.Namespace, env: di
                 "models": "markov + mhsa (1 epoch)",
             }
             run["train"].update(_per_mfix(run["train"], n_fixes))
-        for runner in runners:  # the default champion, one seed, on each runner (a fresh copy of the data)
-            ranker = _train(data_dir, root, ["--model", "ranker", *_runner_args(runner, args)], env, runner)
-            run[f"ranker_{runner}"] = {**ranker, **_per_sample(ranker, meta["n_samples"]["train"])}
-            print(f"[scale] {run['size']} ranker {runner}: {ranker['wall_s']} s", file=sys.stderr)
+        run.update(_rankers(data_dir, root, runners, args, env, run["size"]))
     if not args.keep_data:
         shutil.rmtree(root, ignore_errors=True)
     return run
+
+
+def _train_kept(size: float, runners: list[str], args: argparse.Namespace, env: dict[str, str]) -> dict:
+    """Train the ranker on each runner on one size's data kept by an earlier ``--keep-data`` run."""
+    root = args.work_dir / f"size-{size:g}"
+    data_dir = root / f"out-{runners[0]}"
+    if not (data_dir / "metadata.json").is_file():
+        raise SystemExit(f"--train-only: no kept data in {data_dir} (run with --keep-data first)")
+    run = {"size": f"{size:g}x", "kept_data": str(data_dir)}
+    run["samples"] = json.loads((data_dir / "metadata.json").read_text())["n_samples"]
+    return {**run, **_rankers(data_dir, root, runners, args, env, run["size"])}
+
+
+def _rankers(
+    data_dir: Path, root: Path, runners: list[str], args: argparse.Namespace, env: dict[str, str], size: str
+) -> dict:
+    """The default champion, one seed, trained on each runner (a fresh copy of the data each), measured."""
+    n_train = json.loads((data_dir / "metadata.json").read_text())["n_samples"]["train"]
+    out = {}
+    for runner in runners:
+        ranker = _train(data_dir, root, ["--model", "ranker", *_runner_args(runner, args)], env, runner)
+        out[f"ranker_{runner}"] = {**ranker, **_per_sample(ranker, n_train)}
+        print(f"[scale] {size} ranker {runner}: {ranker['wall_s']} s", file=sys.stderr)
+    return out
 
 
 def _train(data_dir: Path, root: Path, options: list[str], env: dict[str, str], name: str) -> dict:
