@@ -124,7 +124,7 @@ def _record_and_decide(
     """A parent run holding the trainings (the cached ones read back), each kind's champion decision, the
     leaderboard and its chart: ``({parent_run_id, promotion, experiment_id, settled: False}, results)``."""
     experiment_id = mlflow_runs.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
-    parent_tags = {"data_fingerprint": data.fingerprint, **_prefect_tags()}
+    parent_tags = {**mlflow_runs.data_tags(data.fingerprint, data.metadata.path), **_prefect_tags()}
     parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
     name = mlflow_runs.parent_run_name(datetime.now(UTC), models)
     with mlflow_runs.parent_run(experiment_id, name, parent_tags, parent_params) as parent_id:

@@ -7,6 +7,10 @@ quirks included; each quirk has a switch so the corrected protocol can be run to
   time although GeoLife was recorded in Beijing (``"Asia/Shanghai"`` is the corrected choice).
 * ``locations.coordinate_order``: trackintel feeds ``[lon, lat]`` to sklearn's haversine metric, which
   expects ``[lat, lon]``; ``"lat_lon"`` gives a true ``epsilon_m`` radius.
+* ``protocol``: ``"reference"`` clusters every split's staypoints together and drops DBSCAN's noise, and a
+  sample's history counts days from the target's day; ``"deployment"`` knows only the locations of the
+  train period (later staypoints are matched to them, else a new place) and counts from now
+  (:mod:`nextloc.preprocessing.deployment`, docs/protocol.md).
 * ``duplicates.drop_shared_files``: GeoLife holds some trajectory files under two users; the reference
   reads both copies, ``true`` reads one (:mod:`nextloc.raw.duplicates`).
 
@@ -37,6 +41,10 @@ def known_timezone(value: str) -> str:
     except (ZoneInfoNotFoundError, ValueError) as err:
         raise ValueError(f"unknown timezone {value!r}") from err
     return value
+
+
+# "reference": the published protocol; "deployment": every input as a live answer would have it
+Protocol = Literal["reference", "deployment"]
 
 
 class _Frozen(BaseModel):
@@ -153,6 +161,11 @@ class PreprocessConfig(_Frozen):
     """All preprocessing parameters; the defaults are the reference GeoLife protocol."""
 
     timezone: str = Field("UTC", description="Wall-clock zone of time features; reference: UTC.")
+    protocol: Protocol = Field(
+        "reference",
+        description="'reference': DBSCAN on every split, noise dropped, history counted from the target's "
+        "day; 'deployment': locations of the train period only, history counted from now.",
+    )
     staypoints: StaypointConfig = StaypointConfig()
     quality: QualityConfig = QualityConfig()
     locations: LocationConfig = LocationConfig()

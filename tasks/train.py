@@ -140,7 +140,8 @@ def train_model_task(
     meta = json.loads(Path(data.metadata.path).read_text())
     splits = fit_kind.load_splits({s: Path(data.samples[s].path) for s in SPLITS}, dev, kind)
     experiment_id = mlflow_runs.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
-    tags = {"model": kind, "seed": str(seed), "data_fingerprint": data.fingerprint, "data_dir": data.data_dir}
+    tags = {"model": kind, "seed": str(seed), **mlflow_runs.data_tags(data.fingerprint, data.metadata.path)}
+    tags["data_dir"] = data.data_dir
     tags["device"] = where
     catalog = Catalog(data.data_dir)
     run_dir = catalog.run_dir(kind, seed)

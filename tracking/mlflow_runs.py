@@ -239,6 +239,14 @@ def download_run_artifacts(run_id: str, artifact_path: str, dst: Path) -> Path:
         raise FileNotFoundError(f"run {run_id}: no artifact {artifact_path!r} ({err})") from err
 
 
+def data_tags(fingerprint: str, metadata_path: str | Path) -> dict[str, str]:
+    """The tags naming the data a run trained on: ``data_fingerprint`` and ``protocol``, the protocol its
+    samples were built under (the config in ``metadata.json``; a dataset written before the switch existed
+    is the reference protocol's)."""
+    config = json.loads(Path(metadata_path).read_text()).get("config", {})
+    return {"data_fingerprint": fingerprint, "protocol": str(config.get("protocol", "reference"))}
+
+
 def run_tags(run_id: str) -> dict[str, str]:
     """A run's tags."""
     from mlflow import MlflowClient

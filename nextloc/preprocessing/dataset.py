@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from nextloc.config import PreprocessConfig
+from nextloc.preprocessing.deployment import deployment_locations
 from nextloc.preprocessing.locations import MapFn, generate_locations, merge_staypoints
 from nextloc.preprocessing.quality import apply_quality_thresholds, filter_users_by_quality, user_extents
 from nextloc.preprocessing.sequences import (
@@ -78,6 +79,9 @@ def locate_staypoints(
 ) -> LocatedStaypoints:
     """Reference steps 3-7: activity flag, user quality filter, dataset-level DBSCAN, drop noise.
 
+    Under ``config.protocol == "deployment"`` the locations are those of the train periods and nothing is
+    dropped (:func:`nextloc.preprocessing.deployment.deployment_locations`).
+
     Args:
         staypoints: all users' staypoints (``user_id``, ``started_at``, ``finished_at``, ``latitude``,
             ``longitude``) sorted by user then start.
@@ -95,9 +99,12 @@ def locate_staypoints(
     kept = filter_users_by_quality(extents, config.quality)
     kept = apply_quality_thresholds(kept, staypoints, config.quality)
     sp = sp[sp["user_id"].isin(kept["user_id"]) & sp["is_activity"]].reset_index(drop=True)
-    sp = generate_locations(sp, config.locations, dbscan_tiles, map_fn)
     n_activity = len(sp)
-    sp = sp[sp["location_id"].notna()].reset_index(drop=True)
+    if config.protocol == "deployment":
+        sp = deployment_locations(sp, config, dbscan_tiles, map_fn)
+    else:
+        sp = generate_locations(sp, config.locations, dbscan_tiles, map_fn)
+        sp = sp[sp["location_id"].notna()].reset_index(drop=True)
     stats = {
         "users_read": int(staypoints["user_id"].nunique()),
         "users_quality": int(len(kept)),
@@ -105,12 +112,20 @@ def locate_staypoints(
         "staypoints_located": int(len(sp)),
         "locations": int(sp["location_id"].nunique()),
     }
+    if config.protocol == "deployment":
+        known = sp["location_id"].to_numpy() >= 0
+        stats["locations"] = int(sp.loc[known, "location_id"].nunique())
+        stats["staypoints_new_place"] = int((~known).sum())
     logger.info("located staypoints: %s", stats)
     return LocatedStaypoints(sp, stats)
 
 
 def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
     """Reference steps 8-18: merge, time features, split, valid targets, user filter, encodings, samples.
+
+    Under ``config.protocol == "deployment"`` each staypoint keeps the period its location was decided in
+    (``located``'s ``split``; a merged one its first staypoint's), and a sample's window counts from now
+    (:func:`nextloc.preprocessing.sequences.question_days`).
 
     Args:
         located: output of :func:`locate_staypoints`.
@@ -120,13 +135,13 @@ def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
         The final staypoints (kept users only, one row per merged staypoint), samples per split and stats.
     """
     # a merged staypoint keeps its first staypoint's coordinates (trackintel's agg={"geom": "first"})
-    merged = merge_staypoints(
-        located[["user_id", "started_at", "finished_at", "location_id", "latitude", "longitude"]],
-        config.locations.merge_max_gap_min,
-    )
+    deployment = config.protocol == "deployment"
+    columns = ["user_id", "started_at", "finished_at", "location_id", "latitude", "longitude"]
+    merged = merge_staypoints(located[columns + ["split"] * deployment], config.locations.merge_max_gap_min)
     merged["location_id"] = merged["location_id"].astype(np.int64)
-    sp = assign_split(add_time_features(merged, config.timezone), config.split)
-    valid = valid_targets(sp, config.samples)
+    sp = add_time_features(merged, config.timezone)
+    sp = sp if deployment else assign_split(sp, config.split)
+    valid = valid_targets(sp, config.samples, config.protocol)
     n_users_merged = int(sp["user_id"].nunique())
     sp = sp.assign(is_target=valid)
     sp = filter_users_with_targets(sp, sp["is_target"].to_numpy())
@@ -136,7 +151,7 @@ def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
             "small or too sparse for samples.previous_days/min_history and the split ratios"
         )
     sp, sizes = encode(sp, config.samples.duration_cap_min)
-    samples = build_samples(sp, sp["is_target"].to_numpy(), config.samples.previous_days)
+    samples = build_samples(sp, sp["is_target"].to_numpy(), config.samples.previous_days, config.protocol)
 
     by_split = {s: sp[sp["split"] == s] for s in SPLITS}
     max_hist = max(

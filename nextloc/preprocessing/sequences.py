@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from nextloc.config import SampleConfig, SplitConfig
+from nextloc.config import Protocol, SampleConfig, SplitConfig
 from nextloc.preprocessing.staypoints import to_ns
 
 logger = logging.getLogger(__name__)
@@ -114,45 +114,78 @@ def assign_split(staypoints: pd.DataFrame, config: SplitConfig | None = None) ->
 
     Returns a copy with a categorical-like string column ``split`` in {"train", "val", "test"}.
     """
-    cfg = config or SplitConfig()
     sp = staypoints.copy()
-    max_day = sp.groupby("user_id")["start_day"].transform("max").to_numpy(np.float64)
-    day = sp["start_day"].to_numpy()
-    train_end = max_day * cfg.train
-    val_end = max_day * (cfg.train + cfg.val)
-    sp["split"] = np.where(day < train_end, "train", np.where(day < val_end, "val", "test"))
+    sp["split"] = split_of_days(sp["user_id"].to_numpy(), sp["start_day"].to_numpy(), config)
     return sp
 
 
-def history_windows(staypoints: pd.DataFrame, previous_days: int = 7) -> tuple[np.ndarray, np.ndarray]:
-    """For each row, the start of its history window and its day offset within its (user, split) group.
+def split_of_days(
+    user_id: np.ndarray, start_day: np.ndarray, config: SplitConfig | None = None
+) -> np.ndarray:
+    """:func:`assign_split`'s rule on arrays: each row's split from its start day and its user's last one."""
+    cfg = config or SplitConfig()
+    max_day = pd.Series(start_day).groupby(np.asarray(user_id)).transform("max").to_numpy(np.float64)
+    day = np.asarray(start_day)
+    train_end = max_day * cfg.train
+    val_end = max_day * (cfg.train + cfg.val)
+    return np.where(day < train_end, "train", np.where(day < val_end, "val", "test"))
+
+
+def question_days(staypoints: pd.DataFrame, protocol: Protocol = "reference") -> np.ndarray:
+    """The day each row's question is asked on, which its history window and ``diff_hist`` count from.
+
+    ``reference``: the row's own start day (the target's day, as the reference samples have it);
+    ``deployment``: now, leaving the visit before it, i.e. that visit's end day (what a live answer counts
+    from, :mod:`nextloc.predict.histories`). A (user, split) group's first row has no history: its own day.
+    """
+    day = staypoints["start_day"].to_numpy(np.int64)
+    if protocol == "reference":
+        return day
+    group = _group_ids(staypoints)
+    end = staypoints["end_day"].to_numpy(np.int64)
+    first = np.r_[True, group[1:] != group[:-1]] if len(group) else np.zeros(0, bool)
+    return np.where(first, day, np.r_[day[:1], end[:-1]])
+
+
+def history_windows(
+    staypoints: pd.DataFrame, previous_days: int = 7, protocol: Protocol = "reference"
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each row, the start of its history window and its question day's offset within its (user, split)
+    group.
 
     Rows must be sorted by (user_id, start_day, start_min) and carry ``split``. The history of row ``i``
-    is the rows ``[lo[i], i)``: same user, same split, earlier in order, ``start_day >= day_i - previous_days``.
+    is the rows ``[lo[i], i)``: same user, same split, earlier in order, ``start_day >= q_i - previous_days``
+    where ``q_i`` is the question's day (:func:`question_days`).
 
     Returns:
-        ``(lo, diff_day)`` arrays aligned with the rows.
+        ``(lo, diff_day)`` arrays aligned with the rows (``diff_day``: the question day minus the group's
+        first start day).
     """
     group = _group_ids(staypoints)
     day = staypoints["start_day"].to_numpy(np.int64)
+    asked = question_days(staypoints, protocol)
     # key is monotone within a group and groups are contiguous: offset each group far apart
-    span = int(day.max() - day.min() + previous_days + 2) if len(day) else 1
+    span = int(max(day.max(), asked.max()) - day.min() + previous_days + 2) if len(day) else 1
     key = group * span + (day - (day.min() if len(day) else 0))
-    lo = np.searchsorted(key, key - previous_days, side="left")
+    asked_key = group * span + (asked - (day.min() if len(day) else 0))
+    lo = np.searchsorted(key, asked_key - previous_days, side="left")
     group_start = np.searchsorted(group, group, side="left")
-    lo = np.maximum(lo, group_start)
-    diff_day = day - day[group_start]
+    lo = np.minimum(np.maximum(lo, group_start), np.arange(len(day)))
+    diff_day = asked - day[group_start]
     return lo, diff_day
 
 
-def valid_targets(staypoints: pd.DataFrame, config: SampleConfig | None = None) -> np.ndarray:
+def valid_targets(
+    staypoints: pd.DataFrame, config: SampleConfig | None = None, protocol: Protocol = "reference"
+) -> np.ndarray:
     """Reference ``get_valid_sequence``: boolean mask of rows that can be prediction targets.
 
-    A row is valid if it lies at least ``previous_days`` after the first day of its (user, split) group
-    and has at least ``min_history`` history rows in its window.
+    A row is valid if its question day lies at least ``previous_days`` after the first day of its
+    (user, split) group and it has at least ``min_history`` history rows in its window
+    (:func:`history_windows`; under ``deployment`` both are decided at now, without the target).
     """
     cfg = config or SampleConfig()
-    lo, diff_day = history_windows(staypoints, cfg.previous_days)
+    lo, diff_day = history_windows(staypoints, cfg.previous_days, protocol)
     n_hist = np.arange(len(staypoints)) - lo
     return (diff_day >= cfg.previous_days) & (n_hist >= cfg.min_history)
 
@@ -173,7 +206,8 @@ def encode(staypoints: pd.DataFrame, duration_cap_min: int = 2879) -> tuple[pd.D
     """Encode locations (0 pad, 1 unseen, 2.. train vocabulary) and users (1..U); cap durations.
 
     The location vocabulary is fit on the train split of all kept users (sorted raw ids, like sklearn's
-    ``OrdinalEncoder``); val/test locations absent from train become 1.
+    ``OrdinalEncoder``); val/test locations absent from train become 1, and so does every negative raw id
+    (a place the deployment protocol's locations do not know, :mod:`nextloc.preprocessing.deployment`).
 
     Returns:
         The encoded copy (``location_id`` replaced, raw id kept as ``raw_location_id``; ``user`` added;
@@ -181,7 +215,7 @@ def encode(staypoints: pd.DataFrame, duration_cap_min: int = 2879) -> tuple[pd.D
     """
     sp = staypoints.copy()
     raw = sp["location_id"].to_numpy(np.int64)
-    vocab = np.unique(raw[(sp["split"] == "train").to_numpy()])
+    vocab = np.unique(raw[(sp["split"] == "train").to_numpy() & (raw >= 0)])
     pos = np.searchsorted(vocab, raw)
     pos_clipped = np.minimum(pos, len(vocab) - 1)
     known = (pos < len(vocab)) & (vocab[pos_clipped] == raw)
@@ -206,21 +240,26 @@ class Samples:
     table: pa.Table
 
 
-def build_samples(staypoints: pd.DataFrame, valid: np.ndarray, previous_days: int = 7) -> dict[str, pa.Table]:
+def build_samples(
+    staypoints: pd.DataFrame, valid: np.ndarray, previous_days: int = 7, protocol: Protocol = "reference"
+) -> dict[str, pa.Table]:
     """One sample per valid target: its history window as list columns, its location and time features.
 
     Args:
         staypoints: encoded staypoints sorted by (user_id, start_day, start_min), with ``split``.
         valid: mask from :func:`valid_targets`, aligned with ``staypoints``.
         previous_days: the history window (must match the one ``valid`` was computed with).
+        protocol: which day the window and ``diff_hist`` count from (:func:`question_days`).
 
     Returns:
         ``{"train": table, "val": table, "test": table}``; columns: ``staypoint_id``, ``user_id`` (raw),
         ``user``, ``loc_hist``, ``user_hist``, ``weekday_hist``, ``start_min_hist``, ``duration_hist``
-        (capped minutes), ``diff_hist`` (target day minus history day, 0..previous_days), ``target_loc``,
+        (capped minutes), ``diff_hist`` (question day minus history day, 0..previous_days), ``target_loc``,
         ``target_weekday``, ``target_start_min``, ``target_day``, ``hist_len``.
     """
-    lo, diff_day = history_windows(staypoints, previous_days)
+    lo, diff_day = history_windows(staypoints, previous_days, protocol)
+    group, day = _group_ids(staypoints), staypoints["start_day"].to_numpy(np.int64)
+    start_day = day - day[np.searchsorted(group, group, side="left")]  # each history day's offset
     idx = np.flatnonzero(valid)
     split = staypoints["split"].to_numpy()
     out: dict[str, pa.Table] = {}
@@ -238,7 +277,7 @@ def build_samples(staypoints: pd.DataFrame, valid: np.ndarray, previous_days: in
         for col, source in HISTORY_FIELDS.items():
             values = staypoints[source].to_numpy(np.int32)[hist]
             cols[col] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-        diff = (np.repeat(diff_day[rows], lengths) - diff_day[hist]).astype(np.int32)
+        diff = (np.repeat(diff_day[rows], lengths) - start_day[hist]).astype(np.int32)
         cols["diff_hist"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(diff))
         cols["target_loc"] = pa.array(staypoints["location_id"].to_numpy(np.int32)[rows])
         cols["target_weekday"] = pa.array(staypoints["weekday"].to_numpy(np.int32)[rows])

@@ -36,9 +36,12 @@ def location_vocabulary(located: pd.DataFrame, encoded: pd.DataFrame) -> pd.Data
     the train split (``n_train_visits``, the final merged staypoints: what a model learnt from).
 
     Args:
-        located: located staypoints (raw ``location_id``, ``latitude``, ``longitude``).
+        located: located staypoints (raw ``location_id``, ``latitude``, ``longitude``; with a ``fitted``
+            column, the deployment protocol's, only the staypoints DBSCAN was fitted on count).
         encoded: the final staypoints (encoded ``location_id``, ``raw_location_id``, ``split``).
     """
+    if "fitted" in located.columns:
+        located = located[located["fitted"].to_numpy(bool)]
     known = encoded.loc[encoded["location_id"] >= 2, ["location_id", "raw_location_id"]].drop_duplicates()
     centres = location_centres(located)
     vocab = known.rename(columns={"location_id": "loc_index"}).join(centres, on="raw_location_id")
