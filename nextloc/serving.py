@@ -94,6 +94,13 @@ class ModelBundle:
         return min(limits) if limits else None
 
 
+def match_radius(preprocess: PreprocessConfig) -> float:
+    """The radius a bundle matches a visit to a known location with: the deployment protocol's own
+    (``locations.epsilon_m``, the radius its samples' later staypoints were matched with), else
+    :data:`DEFAULT_MATCH_RADIUS_M`."""
+    return preprocess.locations.epsilon_m if preprocess.protocol == "deployment" else DEFAULT_MATCH_RADIUS_M
+
+
 def save_bundle(
     folder: Path,
     kind: str,
@@ -102,7 +109,7 @@ def save_bundle(
     head: NewPlaceHead | None = None,
     locations: pd.DataFrame | None = None,
     users: pd.DataFrame | None = None,
-    match_radius_m: float = DEFAULT_MATCH_RADIUS_M,
+    match_radius_m: float | None = None,
     tally: pd.DataFrame | Iterable[pd.DataFrame] | None = None,
 ) -> Path:
     """Write a model bundle (see the module docstring) into ``folder``; every file is written atomically.
@@ -116,7 +123,8 @@ def save_bundle(
         head: the model's new-place head.
         locations: the dataset's location vocabulary.
         users: the dataset's user vocabulary.
-        match_radius_m: the radius used to map a visit to a known location.
+        match_radius_m: the radius used to map a visit to a known location (default:
+            :func:`match_radius` of ``preprocess``).
         tally: a routine kind's users' tally (:meth:`nextloc.routine.features.Routine.tally`), or its parts
             (``tally_parts``: written one at a time).
 
@@ -137,7 +145,7 @@ def save_bundle(
             "kind": kind,
             "model": spec,
             "preprocess": preprocess.model_dump(mode="json"),
-            "match_radius_m": float(match_radius_m),
+            "match_radius_m": float(match_radius(preprocess) if match_radius_m is None else match_radius_m),
             "new_place_head": head.to_dict() if head is not None else None,
         },
         folder / BUNDLE_FILE,
