@@ -122,6 +122,12 @@ class LocationConfig(_Frozen):
         "lon_lat", description="Order fed to sklearn haversine: 'lon_lat' is the reference quirk."
     )
     merge_max_gap_min: float = Field(1.0, ge=0, description="Merge consecutive same-location staypoints.")
+    match_radius_m: float = Field(
+        50.0,
+        gt=0,
+        description="A visit within this many metres of a known location's centre is that location: how a "
+        "model's answers read visits, and the deployment protocol's later staypoints.",
+    )
 
 
 class SplitConfig(_Frozen):

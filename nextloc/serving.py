@@ -95,10 +95,10 @@ class ModelBundle:
 
 
 def match_radius(preprocess: PreprocessConfig) -> float:
-    """The radius a bundle matches a visit to a known location with: the deployment protocol's own
-    (``locations.epsilon_m``, the radius its samples' later staypoints were matched with), else
-    :data:`DEFAULT_MATCH_RADIUS_M`."""
-    return preprocess.locations.epsilon_m if preprocess.protocol == "deployment" else DEFAULT_MATCH_RADIUS_M
+    """The radius a bundle matches a visit to a known location with: its dataset's
+    ``locations.match_radius_m`` (under the deployment protocol, the radius its samples' later staypoints
+    were matched with; :data:`DEFAULT_MATCH_RADIUS_M` by default)."""
+    return preprocess.locations.match_radius_m
 
 
 def save_bundle(

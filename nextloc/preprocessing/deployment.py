@@ -9,8 +9,8 @@ or noise dropped from the data, depends on visits after it. Here (``protocol: de
    tiles included) runs on the train periods' staypoints alone; its noise stays, each staypoint a place of
    its own that no model knows.
 3. Every later staypoint is the train location with the nearest centre (the mean of its train staypoints)
-   within ``epsilon_m`` metres (haversine, :func:`~nextloc.preprocessing.vocabulary.nearest_locations`,
-   the rule a live answer matches visits with), else a new place of its own.
+   within ``locations.match_radius_m`` metres (haversine, :func:`~nextloc.preprocessing.vocabulary.
+   nearest_locations`): the rule and radius a live answer matches visits with, else a new place of its own.
 
 A place of its own has a negative raw id (``-1 - row``), unique, so it never merges with another visit and
 never enters the vocabulary (:func:`~nextloc.preprocessing.sequences.encode`): as a target it is a new place
@@ -80,7 +80,7 @@ def deployment_locations(
         sp["latitude"].to_numpy(np.float64)[later],
         sp["longitude"].to_numpy(np.float64)[later],
         vocabulary,
-        config.locations.epsilon_m,
+        config.locations.match_radius_m,
     )
     labels[later] = np.where(matched >= FIRST_PLACE, matched - FIRST_PLACE, -1)
     own = labels < 0

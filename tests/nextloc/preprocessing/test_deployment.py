@@ -38,7 +38,7 @@ def test_the_switch_is_typed_recorded_and_defaults_to_the_reference():
     with pytest.raises(ValidationError, match="protocol"):
         PreprocessConfig(protocol="live")
     assert match_radius(PreprocessConfig()) == DEFAULT_MATCH_RADIUS_M
-    assert match_radius(DEPLOYMENT) == DEPLOYMENT.locations.epsilon_m
+    assert match_radius(DEPLOYMENT) == DEPLOYMENT.locations.match_radius_m == DEFAULT_MATCH_RADIUS_M
 
 
 def test_every_activity_staypoint_of_the_kept_users_stays(sample_staypoints, located):
@@ -67,7 +67,7 @@ def test_train_locations_are_dbscan_on_the_train_periods_alone(located):
     assert np.isin(later[later >= 0], got[got >= 0]).all()
 
 
-def test_a_later_staypoint_is_the_nearest_train_centre_within_epsilon(located):
+def test_a_later_staypoint_is_the_nearest_train_centre_within_the_match_radius(located):
     centres = location_centres(located[located["fitted"] & (located["location_id"] >= 0)])
     later = located[~located["fitted"]]
     lat, lon = np.radians(later[["latitude", "longitude"]].to_numpy()).T
@@ -76,7 +76,7 @@ def test_a_later_staypoint_is_the_nearest_train_centre_within_epsilon(located):
     a += np.cos(lat[:, None]) * np.cos(clat[None]) * np.sin((clon[None] - lon[:, None]) / 2) ** 2
     metres = 2 * 6_371_000 * np.arcsin(np.sqrt(a))
     nearest = centres.index.to_numpy()[metres.argmin(axis=1)]
-    within = metres.min(axis=1) <= DEPLOYMENT.locations.epsilon_m
+    within = metres.min(axis=1) <= DEPLOYMENT.locations.match_radius_m
     got = later["location_id"].to_numpy()
     assert within.any()
     assert (~within).any()
