@@ -117,7 +117,7 @@ def test_dbscan_by_tiles_gives_the_located_parquet_byte_for_byte(full_run, tmp_p
 
 def test_the_routine_reads_nothing_after_a_questions_now(full_run):
     """``RoutineData.build`` on every staypoint against a build on the staypoints that started before
-    each of 16 sampled validation and test questions' now (the target poisoned): every candidate feature,
+    each of 24 sampled train, validation and test questions' now (the target poisoned): every candidate feature,
     explore feature, share, unseen place and window identical (``tests/causal_build.py``)."""
     import numpy as np
     import pandas as pd
@@ -129,7 +129,7 @@ def test_the_routine_reads_nothing_after_a_questions_now(full_run):
     _, data_dir, _ = full_run
     meta = json.loads((data_dir / "metadata.json").read_text())
     samples = {s: pq.read_table(data_dir / "samples" / f"{s}.parquet") for s in ("train", "val", "test")}
-    picks = [(s, int(i)) for s in ("val", "test") for i in np.linspace(0, samples[s].num_rows - 1, 8)]
+    picks = [(s, int(i)) for s in ("train", "val", "test") for i in np.linspace(0, samples[s].num_rows - 1, 8)]
     wrong = causal_mismatches(
         pd.read_parquet(data_dir / "staypoints.parquet"),
         pd.read_parquet(data_dir / "vocabulary" / "locations.parquet"),

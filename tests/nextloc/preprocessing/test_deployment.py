@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from causal_build import sample_mismatches
 from pydantic import ValidationError
 
 from nextloc.config import PreprocessConfig, load_config
+from nextloc.preprocessing import sequences
 from nextloc.preprocessing.dataset import build_dataset, locate_staypoints
 from nextloc.preprocessing.deployment import period_splits
 from nextloc.preprocessing.locations import generate_locations
@@ -129,3 +131,48 @@ def test_windows_and_diff_hist_count_from_now(dataset):
 def test_dbscan_by_tiles_gives_the_same_dataset(sample_staypoints, located):
     tiled = locate_staypoints(*sample_staypoints, DEPLOYMENT, dbscan_tiles=3).staypoints
     pd.testing.assert_frame_equal(tiled, located)
+
+
+def every_question(samples: dict) -> list[tuple[str, int]]:
+    return [(split, i) for split, table in samples.items() for i in range(table.num_rows)]
+
+
+def test_no_sample_input_reads_after_now(dataset):
+    """Every train, validation and test sample's inputs equal those rebuilt from the staypoints that started
+    before its now, the target poisoned (``tests/causal_build.py``)."""
+    assert (
+        sample_mismatches(dataset.staypoints, dataset.samples, DEPLOYMENT, every_question(dataset.samples))
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    "mutant",
+    [
+        pytest.param(
+            lambda sp, protocol="reference": sp["start_day"].to_numpy(np.int64), id="now-at-arrival"
+        ),
+        pytest.param(
+            lambda sp, protocol="reference": sp["end_day"].to_numpy(np.int64), id="now-at-target-end"
+        ),
+    ],
+)
+def test_the_sample_check_catches_a_wrong_now(monkeypatch, located, mutant):
+    """The same check fails on mutated copies of the samples: now set to the arrival at the target (the
+    reference's anchor, reading the target's start) or to the target's end (an ongoing stay's), in every
+    split, train included."""
+    monkeypatch.setattr(sequences, "question_days", mutant)
+    mutated = build_dataset(located, DEPLOYMENT)
+    wrong = sample_mismatches(
+        mutated.staypoints, mutated.samples, DEPLOYMENT, every_question(mutated.samples)
+    )
+    for split in ("train", "val", "test"):
+        assert any(w.startswith(f"{split} sample") for w in wrong), split
+
+
+def test_the_reference_samples_fail_the_sample_check(sample_staypoints):
+    """The reference protocol's samples count from the target's day: the check sees it."""
+    config = PreprocessConfig()
+    dataset = build_dataset(locate_staypoints(*sample_staypoints, config).staypoints, config)
+    wrong = sample_mismatches(dataset.staypoints, dataset.samples, config, every_question(dataset.samples))
+    assert any(w.endswith("diff_hist") for w in wrong)

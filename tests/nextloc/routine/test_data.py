@@ -4,15 +4,26 @@ end, on a synthetic dataset; ``tests/test_full_data.py`` on GeoLife), the window
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
+import pytest
 from causal_build import causal_mismatches, one_split
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nextloc.routine import data as routine_data
 from nextloc.routine.data import RoutineData, neighbours, user_time_blocks
 from nextloc.routine.ranking import CandidateSet, RoutineRanker
-from nextloc.routine.visits import MINUTES_PER_DAY, Queries, VisitLog, wall_minutes, window_places
+from nextloc.routine.visits import (
+    MINUTES_PER_DAY,
+    Queries,
+    VisitLog,
+    queries_for_targets,
+    wall_minutes,
+    window_places,
+)
 
 TIMEZONE = "Asia/Shanghai"
 
@@ -71,8 +82,57 @@ def test_a_build_reads_nothing_after_a_questions_now() -> None:
     share, unseen place and window of sampled questions equals that of a build on the staypoints that
     started before the question's now (the target itself poisoned)."""
     staypoints, locations, samples, num_places = synthetic_dataset()
-    picks = [(s, int(i)) for s in ("val", "test") for i in np.linspace(0, len(samples[s]) - 1, 8).astype(int)]
-    assert causal_mismatches(staypoints, locations, samples, num_places, TIMEZONE, picks) == []
+    assert causal_mismatches(staypoints, locations, samples, num_places, TIMEZONE, picks_of(samples)) == []
+
+
+def picks_of(samples: dict, per_split: int = 8) -> list[tuple[str, int]]:
+    """Questions spread over every split, train's included."""
+    return [
+        (s, int(i))
+        for s in ("train", "val", "test")
+        for i in np.linspace(0, len(samples[s]) - 1, per_split).astype(int)
+    ]
+
+
+def mutant_queries(now: str = "leaving", dwell: str = "current"):
+    """:func:`queries_for_targets` gone wrong: ``now`` taken at the arrival at the target (``"arrival"``)
+    or at the target's end (``"target_end"``); or the dwell feature (``log_dwell_current``, now minus
+    ``arrived``) made to read the target: the time until it starts (``"until_target"``) or how long it
+    lasts, an ongoing stay's end (``"target_length"``)."""
+
+    def queries(log: VisitLog, staypoint_ids: np.ndarray) -> Queries:
+        right = queries_for_targets(log, staypoint_ids)
+        order = np.argsort(log.staypoint, kind="stable")
+        rows = order[np.searchsorted(log.staypoint[order], np.asarray(staypoint_ids, np.int64))]
+        times = {"leaving": right.now, "arrival": log.start[rows], "target_end": log.end[rows]}
+        dwells = {
+            "current": right.now - right.arrived,
+            "until_target": log.start[rows] - right.now,
+            "target_length": log.end[rows] - log.start[rows],
+        }
+        return dataclasses.replace(right, now=times[now], arrived=times[now] - dwells[dwell])
+
+    return queries
+
+
+@pytest.mark.parametrize(
+    ("mutant", "caught"),
+    [
+        ({"now": "arrival"}, "now"),
+        ({"now": "target_end"}, "now"),
+        ({"dwell": "until_target"}, "features"),
+        ({"dwell": "target_length"}, "features"),
+    ],
+)
+def test_the_causal_check_catches_a_question_that_sees_the_future(monkeypatch, mutant, caught) -> None:
+    """The check above fails on mutated copies: now set to the arrival at the target or to the target's
+    end, a feature reading the target's start or its end (the stay ongoing at the answer); in train
+    questions as well. The real code passes the same check (the tests above)."""
+    staypoints, locations, samples, num_places = synthetic_dataset()
+    monkeypatch.setattr(routine_data, "queries_for_targets", mutant_queries(**mutant))
+    wrong = causal_mismatches(staypoints, locations, samples, num_places, TIMEZONE, picks_of(samples, 4))
+    for split in ("train", "val", "test"):
+        assert any(w.startswith(f"{split} question") and w.endswith(caught) for w in wrong), (split, wrong)
 
 
 def located_staypoints(staypoints: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
@@ -94,7 +154,7 @@ def test_a_build_on_located_staypoints_reads_nothing_after_a_questions_now() -> 
     """As above, the centres from the located staypoints (every user's, before merging)."""
     staypoints, locations, samples, num_places = synthetic_dataset(seed=2)
     located = located_staypoints(staypoints)
-    picks = [(s, int(i)) for s in ("val", "test") for i in np.linspace(0, len(samples[s]) - 1, 8).astype(int)]
+    picks = picks_of(samples)
     assert causal_mismatches(staypoints, locations, samples, num_places, TIMEZONE, picks, located) == []
 
 
