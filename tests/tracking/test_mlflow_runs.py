@@ -100,6 +100,19 @@ def test_run_names() -> None:
 GOLDEN = Path(__file__).parents[1] / "golden" / "leaderboard"
 
 
+def test_data_tags_name_the_protocol(tmp_path: Path) -> None:
+    """Every run's data tags carry the protocol of its samples; a dataset from before the switch is the
+    reference protocol's."""
+    from nextloc.config import PreprocessConfig
+    from nextloc.storage import write_json
+
+    metadata = tmp_path / "metadata.json"
+    write_json({"config": PreprocessConfig(protocol="deployment").model_dump(mode="json")}, metadata)
+    assert mlflow_runs.data_tags("abc", metadata) == {"data_fingerprint": "abc", "protocol": "deployment"}
+    write_json({"config": {"timezone": "UTC"}}, metadata)
+    assert mlflow_runs.data_tags("abc", str(metadata))["protocol"] == "reference"
+
+
 def test_log_leaderboard_records_the_board_on_the_parent_run(store: str) -> None:
     """The parent run's description (pinned text), leaderboard.json and the mean/std metrics."""
     import json
