@@ -141,8 +141,7 @@ def train_model_task(
     splits = fit_kind.load_splits({s: Path(data.samples[s].path) for s in SPLITS}, dev, kind)
     experiment_id = mlflow_runs.configure(tracking_cfg.tracking_uri, tracking_cfg.experiment)
     tags = {"model": kind, "seed": str(seed), **mlflow_runs.data_tags(data.fingerprint, data.metadata.path)}
-    tags["data_dir"] = data.data_dir
-    tags["device"] = where
+    tags |= {"data_dir": data.data_dir, "device": where}
     catalog = Catalog(data.data_dir)
     run_dir = catalog.run_dir(kind, seed)
     with mlflow_runs.training_run(experiment_id, kind, seed, tags, parent_run_id) as run_id:

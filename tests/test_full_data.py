@@ -129,7 +129,9 @@ def test_the_routine_reads_nothing_after_a_questions_now(full_run):
     _, data_dir, _ = full_run
     meta = json.loads((data_dir / "metadata.json").read_text())
     samples = {s: pq.read_table(data_dir / "samples" / f"{s}.parquet") for s in ("train", "val", "test")}
-    picks = [(s, int(i)) for s in ("train", "val", "test") for i in np.linspace(0, samples[s].num_rows - 1, 8)]
+    picks = [
+        (s, int(i)) for s in ("train", "val", "test") for i in np.linspace(0, samples[s].num_rows - 1, 8)
+    ]
     wrong = causal_mismatches(
         pd.read_parquet(data_dir / "staypoints.parquet"),
         pd.read_parquet(data_dir / "vocabulary" / "locations.parquet"),

@@ -150,6 +150,7 @@ BAD_CONFIG = [
     pytest.param(["--split.train", "0.9"], "split", id="split-sum"),
     pytest.param(["--timezone", "Mars/Olympus_Mons"], "timezone", id="timezone"),
     pytest.param(["--locations.coordinate_order", "xy"], "locations.coordinate_order", id="literal"),
+    pytest.param(["--protocol", "live"], "protocol", id="protocol"),
     pytest.param(["--staypoints.include_last", "maybe"], "staypoints.include_last", id="bool"),
 ]
 
@@ -394,6 +395,8 @@ class TestConfigPlumbing:
                     "Asia/Shanghai",
                     "--locations.coordinate_order",
                     "lat_lon",
+                    "--protocol",
+                    "deployment",
                     "--staypoints.include_last",
                     "false",
                     "--set",
@@ -407,6 +410,7 @@ class TestConfigPlumbing:
         assert config.locations.epsilon_m == 50.0
         assert config.timezone == "Asia/Shanghai"
         assert config.locations.coordinate_order == "lat_lon"
+        assert config.protocol == "deployment"
         assert config.staypoints.include_last is False
         assert config.samples.previous_days == 14
         assert config.quality.day_filter == 10

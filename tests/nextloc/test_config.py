@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The reference protocol (Hong et al. 2023, mie-lab/location-prediction), key by key.
 REFERENCE = {
     "timezone": "UTC",
+    "protocol": "reference",  # DBSCAN on every split, noise dropped, windows from the target's day
     "staypoints.dist_threshold_m": 200.0,
     "staypoints.time_threshold_min": 30.0,
     "staypoints.gap_threshold_min": 1440.0,
@@ -42,6 +43,7 @@ REFERENCE = {
     "locations.min_samples": 2,
     "locations.coordinate_order": "lon_lat",
     "locations.merge_max_gap_min": 1.0,
+    "locations.match_radius_m": 50.0,  # how answers read visits (and the deployment protocol's later ones)
     "split.train": 0.6,
     "split.val": 0.2,
     "split.test": 0.2,
@@ -81,7 +83,7 @@ def changed(value: Any) -> Any:
         return value * 1.5 + 0.25
     if value is None:  # an optional threshold that is off: switch it on
         return 0.5
-    return {"UTC": "Asia/Shanghai", "lon_lat": "lat_lon"}[value]
+    return {"UTC": "Asia/Shanghai", "lon_lat": "lat_lon", "reference": "deployment"}[value]
 
 
 class TestDefaults:
@@ -345,6 +347,7 @@ class TestFlatten:
             "min_samples": 2,
             "coordinate_order": "lon_lat",
             "merge_max_gap_min": 1.0,
+            "match_radius_m": 50.0,
         }
 
     def test_round_trip_defaults(self) -> None:
