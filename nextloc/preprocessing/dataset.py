@@ -137,7 +137,9 @@ def build_dataset(located: pd.DataFrame, config: PreprocessConfig) -> Dataset:
     # a merged staypoint keeps its first staypoint's coordinates (trackintel's agg={"geom": "first"})
     deployment = config.protocol == "deployment"
     columns = ["user_id", "started_at", "finished_at", "location_id", "latitude", "longitude"]
-    merged = merge_staypoints(located[columns + ["split"] * deployment], config.locations.merge_max_gap_min)
+    if deployment:
+        columns.append("split")  # the period each staypoint's location was decided in
+    merged = merge_staypoints(located[columns], config.locations.merge_max_gap_min)
     merged["location_id"] = merged["location_id"].astype(np.int64)
     sp = add_time_features(merged, config.timezone)
     sp = sp if deployment else assign_split(sp, config.split)

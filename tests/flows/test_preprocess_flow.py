@@ -155,6 +155,32 @@ class TestPreprocessFlow:
         # back to the defaults: everything is a cache hit again, and the outputs are the first run's
         _run(sample_dir, data_dir)
 
+    def test_the_deployment_protocol_reuses_the_per_user_work(self, first_run, sample_dir, task_states):
+        """``protocol: deployment`` keeps every user's positionfixes and staypoints (cached, partitioned as
+        the reference's), recomputes the locations and samples, and records the protocol in metadata.json;
+        run again, it is all cache hits."""
+        data_dir, _ = first_run
+        config = load_config(overrides={"protocol": "deployment"})
+        state = _run(sample_dir, data_dir, config)
+        assert state.result()["users_run"] == {"ingest": 0, "staypoints": 0}
+        states = _task_states(task_states, state, expected=4)
+        assert next(s for n, s in states.items() if n.startswith("locate-staypoints")) == "Completed"
+        meta = json.loads((data_dir / "metadata.json").read_text())
+        assert meta["config"]["protocol"] == "deployment"
+        assert meta["preprocessing"]["staypoints_new_place"] > 0
+        located = pq.read_table(data_dir / "03_locations" / "staypoints_located.parquet")
+        assert {"split", "fitted"} <= set(located.column_names)
+        before = _mtimes(data_dir)
+        again = _run(sample_dir, data_dir, config)
+        rerun = _task_states(task_states, again, expected=3)
+        assert {n.rsplit("-", 1)[0] for n in rerun} == {
+            "discover-raw-users",
+            "write-ingest-report",
+            "report-duplicates",
+        }
+        assert _mtimes(data_dir) == before
+        _run(sample_dir, data_dir)  # back to the reference
+
     def test_changed_staypoint_parameter_reruns_staypoints_alone(self, first_run, sample_dir, task_states):
         """A staypoint setting keeps every user's positionfixes (cached), and reruns only the staypoints, in
         batches of the second step alone."""
