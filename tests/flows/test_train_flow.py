@@ -73,6 +73,8 @@ def test_mlflow_runs_params_metrics_models(trained):
     assert pointer.data.params["train.recipe"] == "pointer"
     # each training names the device it ran on (here the CPU, one intra-op thread, and torch's dispatch)
     assert all(r.data.tags["device"].startswith("cpu (1 thread, ") for r in children)
+    # the data's protocol (metadata.json's config) on every run, beside its fingerprint
+    assert {r.data.tags["protocol"] for r in parent + children} == {"reference"}
     assert "model.d_model" in pointer.data.params
     for key in ("test_acc_at_1", "test_mrr", "val_acc_at_1_at_selected", "selected_epoch", "n_params"):
         assert key in pointer.data.metrics
