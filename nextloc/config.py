@@ -45,6 +45,9 @@ def known_timezone(value: str) -> str:
 
 # "reference": the published protocol; "deployment": every input as a live answer would have it
 Protocol = Literal["reference", "deployment"]
+# a visit within this many metres of a known location's centre is that location (answers, bundles, the
+# champion rule's reading of later data, the deployment protocol's later staypoints)
+DEFAULT_MATCH_RADIUS_M = 50.0
 
 
 class _Frozen(BaseModel):
@@ -123,7 +126,7 @@ class LocationConfig(_Frozen):
     )
     merge_max_gap_min: float = Field(1.0, ge=0, description="Merge consecutive same-location staypoints.")
     match_radius_m: float = Field(
-        50.0,
+        DEFAULT_MATCH_RADIUS_M,
         gt=0,
         description="A visit within this many metres of a known location's centre is that location: how a "
         "model's answers read visits, and the deployment protocol's later staypoints.",

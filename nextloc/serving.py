@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from nextloc.config import PreprocessConfig
+from nextloc.config import DEFAULT_MATCH_RADIUS_M, PreprocessConfig
 from nextloc.models import registry
 from nextloc.preprocessing.vocabulary import place_centres, place_popularity
 from nextloc.routine.answerer import RoutineAnswerer
@@ -44,7 +44,6 @@ RANKER_FILE = "ranker.txt"  # a routine ranker's trees, LightGBM's own text form
 TALLY_FILE = "profile.parquet"  # a routine kind's users' tally (nextloc.routine.tally); the name registered bundles have
 VOCABULARY_DIR = "vocabulary"
 BUNDLE_ARTIFACT = "bundle"  # the bundle's name among a registered model's artifacts
-DEFAULT_MATCH_RADIUS_M = 50.0
 
 
 def top_k(probabilities: np.ndarray, k: int = 5) -> list[list[tuple[int, float]]]:

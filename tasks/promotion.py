@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 from pydantic import BaseModel, ConfigDict, Field
 
+from nextloc.config import DEFAULT_MATCH_RADIUS_M
 from nextloc.evaluation.champion import champion_decision
 from nextloc.evaluation.leaderboard import decision_text
 from nextloc.evaluation.metrics import PLACE_KEYS, REFERENCE_KEYS
@@ -68,7 +69,6 @@ DEFAULT_PROMOTE_METRIC = selected_name("place_mrr")
 DEFAULT_DECISION_METRIC = "place_mrr"
 DEFAULT_MIN_EFFECT = 0.5  # points of the decision metric
 DEFAULT_ALPHA = 0.05
-DEFAULT_MATCH_RADIUS_M = 50.0
 DECISION_SPLIT = "val"  # the split whose samples decide; test is never read here
 OUTCOMES = f"{DECISION_SPLIT}_per_sample.parquet"  # every trained run's outcomes on it (tasks/train.py)
 
