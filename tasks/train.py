@@ -23,7 +23,7 @@ from nextloc.config import PreprocessConfig
 from nextloc.evaluation.metrics import RESULT_KEYS, SET_KEYS
 from nextloc.models import registry
 from nextloc.preprocessing.sequences import SPLITS
-from nextloc.raw.duplicates import copied_samples
+from nextloc.raw.duplicates import copied_in_splits
 from nextloc.storage import write_json, write_parquet, write_with
 from nextloc.training.overrides import ModelOverrides, TrainOverrides
 from runtime.caching import TASK_SOURCE, Artifact, ContentInputs
@@ -197,8 +197,8 @@ def _log_result(kind: str, seed: int, evaluation: Evaluation, selected_epoch: in
 
 def _flag_copies(evaluation: Evaluation, staypoints: Path, splits: dict[str, Any]) -> None:
     """Flag each validation and test sample whose target is a copy of another user's staypoint."""
-    evaluation.test_copied = copied_samples(staypoints, splits["test"].table)
-    evaluation.val_copied = copied_samples(staypoints, splits["val"].table)
+    copied = copied_in_splits(staypoints, {split: splits[split].table for split in ("val", "test")})
+    evaluation.val_copied, evaluation.test_copied = copied["val"], copied["test"]
 
 
 def _stage_seconds(fitted: FittedKind, fit: float, evaluate: float) -> dict[str, float]:

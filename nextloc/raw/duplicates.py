@@ -187,10 +187,19 @@ def _test_pairs(held: pd.DataFrame, test_ids: np.ndarray) -> dict[Pair, int]:
 def copied_samples(staypoints_path: Path, samples: pa.Table) -> np.ndarray | None:
     """:func:`copied_targets` of a samples table, from the final staypoints file of its dataset; None when
     that file is missing or the samples name no staypoint (the copies are then not known)."""
-    if not Path(staypoints_path).is_file() or "staypoint_id" not in samples.column_names:
-        return None
+    return copied_in_splits(staypoints_path, {"samples": samples})["samples"]
+
+
+def copied_in_splits(staypoints_path: Path, splits: Mapping[str, pa.Table]) -> dict[str, np.ndarray | None]:
+    """:func:`copied_samples` of several samples tables of one dataset, its staypoints file read once."""
+    named = {name: table for name, table in splits.items() if "staypoint_id" in table.column_names}
+    if not Path(staypoints_path).is_file() or not named:
+        return dict.fromkeys(splits)
     staypoints = read_parquet(Path(staypoints_path), columns=list(STAYPOINT_COLUMNS))
-    return copied_targets(staypoints, samples.column("staypoint_id").to_numpy())
+    copied = {
+        name: copied_targets(staypoints, t.column("staypoint_id").to_numpy()) for name, t in named.items()
+    }
+    return {name: copied.get(name) for name in splits}
 
 
 def duplicate_report(
