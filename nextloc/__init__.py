@@ -13,7 +13,7 @@ Stages, in the pipeline's order (each folder's ``__init__`` is its map):
 - :mod:`nextloc.maps`: answers and datasets on maps: offline web pages (Leaflet) and PNGs.
 
 Shared basics stay at the top: :mod:`~nextloc.config` (the typed preprocessing config),
-:mod:`~nextloc.serving` (the registered models' bundle format), :mod:`~nextloc.storage` and
+:mod:`~nextloc.bundle` (the registered models' bundle format), :mod:`~nextloc.storage` and
 :mod:`~nextloc.atomic` (deterministic, atomic writes), :mod:`~nextloc.fingerprint` (content hashes),
 :mod:`~nextloc.locks` (file locks), :mod:`~nextloc.lists` (padded list columns), :mod:`~nextloc.profiles`
 (dataset profiles) and :mod:`~nextloc.synth` (seeded synthetic data). The library never imports Prefect or

@@ -232,7 +232,7 @@ def _save_bundle(run: _Run, fitted: FittedKind, evaluation: Evaluation, folder: 
     """Write the model's bundle into ``folder`` (weights, config, vocabulary, new-place head, a routine kind's
     users' tally written index by index; nothing pickled); returns the fit without what only the bundle
     read (a routine kind's data: MLflow loads the bundle to check its input example, beside the fit)."""
-    from nextloc.serving import save_bundle  # torch: only when a model trains and is registered
+    from nextloc.bundle import save_bundle  # torch: only when a model trains and is registered
 
     save_bundle(
         folder,

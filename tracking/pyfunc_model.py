@@ -1,7 +1,7 @@
 """The registered model, as MLflow code (models-from-code): visits in, named next places out.
 
 MLflow logs this file itself as the model's code (``mlflow.pyfunc.log_model(python_model=<this file>)``)
-and the model bundle (:mod:`nextloc.serving`: JSON config, safetensors weights, parquet vocabulary) as its
+and the model bundle (:mod:`nextloc.bundle`: JSON config, safetensors weights, parquet vocabulary) as its
 artifact, so nothing is pickled. ``mlflow models serve -m models:/nextloc-<kind>@champion --env-manager
 local`` answers ``POST /invocations`` with this model: the input is a DataFrame of visits (``user_id``,
 ``started_at``, ``finished_at``, ``latitude``, ``longitude``, optional ``history_id``; times ISO 8601, UTC
@@ -23,14 +23,14 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.pyfunc import PythonModel
 
-from nextloc.serving import BUNDLE_ARTIFACT
+from nextloc.bundle import BUNDLE_ARTIFACT
 
 
 class NextPlaceModel(PythonModel):
     """Visits -> the top-k next known places with coordinates and P(new place)."""
 
     def load_context(self, context) -> None:
-        from nextloc.serving import load_bundle
+        from nextloc.bundle import load_bundle
 
         self.bundle = load_bundle(Path(context.artifacts[BUNDLE_ARTIFACT]))
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from nextloc.bundle import BUNDLE_FILE, ModelBundle, load_bundle
 from nextloc.io.visits import validate_visits
 from nextloc.predict.answer import predict
 from nextloc.predict.histories import encode_visits, history_visits
 from nextloc.routine.data import RoutineData, read_located
-from nextloc.serving import BUNDLE_FILE, ModelBundle, load_bundle
 from runtime.catalog import Catalog
 from tracking import versions
 from tracking.store import REGISTERED_PREFIX, default_tracking_uri
@@ -34,7 +34,7 @@ def model_uri(kind: str, alias: str) -> str:
 
 
 def load_registered(kind: str, alias: str, tracking_uri: str | None, experiment: str) -> ModelBundle:
-    """A registered model as a :class:`~nextloc.serving.ModelBundle`, read as data: its JSON config,
+    """A registered model as a :class:`~nextloc.bundle.ModelBundle`, read as data: its JSON config,
     safetensors weights and parquet vocabulary (the logged code is not run).
 
     A SQLite store's version is read in place, its alias resolved in the registry's tables without

@@ -101,7 +101,7 @@ def _sqlite_aliases(alias: str, tracking_uri: str) -> dict[str, str] | None:
 
 def _bundle_in(location: str) -> Path | None:
     """The bundle folder inside a logged model's local folder (``file://`` URI), or None."""
-    from nextloc.serving import BUNDLE_ARTIFACT, BUNDLE_FILE  # torch: only when a bundle is read
+    from nextloc.bundle import BUNDLE_ARTIFACT, BUNDLE_FILE  # torch: only when a bundle is read
 
     parsed = urllib.parse.urlparse(location)
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
@@ -122,7 +122,7 @@ def download_bundle(model_uri: str, dst: Path) -> Path:
     without one (which :func:`tracking.registered.load_registered` refuses)."""
     import mlflow
 
-    from nextloc.serving import BUNDLE_ARTIFACT  # torch: only when a bundle is read
+    from nextloc.bundle import BUNDLE_ARTIFACT  # torch: only when a bundle is read
 
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(dst)))
     spec = yaml.safe_load((local / "MLmodel").read_text())
@@ -304,7 +304,7 @@ def log_model(
 ) -> tuple[str, str, str]:
     """Log a model bundle (inside the active run) as a models-from-code pyfunc and register it.
 
-    The code is :data:`PYFUNC_CODE`, the weights and config the bundle (:func:`nextloc.serving.save_bundle`):
+    The code is :data:`PYFUNC_CODE`, the weights and config the bundle (:func:`nextloc.bundle.save_bundle`):
     nothing is pickled. The version is created under :func:`runtime.locking.registry_lock`, after the
     registered model where it is new (``mlflow.register_model`` would try to create the registered model
     every time and recover from the duplicate).
@@ -316,7 +316,7 @@ def log_model(
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from nextloc.serving import BUNDLE_ARTIFACT  # torch: only when a model is registered
+    from nextloc.bundle import BUNDLE_ARTIFACT  # torch: only when a model is registered
     from runtime.locking import registry_lock
     from tracking import mlflow_runs
 

@@ -195,7 +195,7 @@ def fewest_holding(probs: np.ndarray, level: float) -> tuple[np.ndarray, np.ndar
     """The one rule for answer sets: the fewest columns of each distribution whose probabilities hold ``level``.
 
     The columns are taken in order of probability, the highest first (ties: the lower column first, as
-    :func:`nextloc.serving.top_k`), until their sum reaches ``level`` (within :data:`SET_TOLERANCE`, so a
+    :func:`nextloc.bundle.top_k`), until their sum reaches ``level`` (within :data:`SET_TOLERANCE`, so a
     level reached exactly is reached). A set is never empty (at least the most likely column) and never
     takes a column of probability 0 (a distribution summing to less than ``level`` gives all its positive
     columns).

@@ -1,5 +1,5 @@
 """The bundle format's torch side: the scorer that wraps a network or a baseline (packed histories in,
-probabilities out), and their weights in a bundle (:mod:`nextloc.serving` imports this module only for those
+probabilities out), and their weights in a bundle (:mod:`nextloc.bundle` imports this module only for those
 kinds: a routine kind's answer imports no torch).
 """
 

@@ -7,7 +7,7 @@
 
 Maps of the answers are :mod:`nextloc.maps`.
 
-The registered models' format is :mod:`nextloc.serving`; the packed histories a network reads,
+The registered models' format is :mod:`nextloc.bundle`; the packed histories a network reads,
 :mod:`nextloc.models.packed`. A model registered before the library was grouped
 in stages imports ``nextloc.predict.predict_visits``: it resolves here, on first use.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("predict", "predict_visits"):  # imported on first use: answer imports nextloc.serving
+    if name in ("predict", "predict_visits"):  # imported on first use: answer imports nextloc.bundle
         from nextloc.predict import answer
 
         return getattr(answer, name)

@@ -28,12 +28,12 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from nextloc.bundle import ModelBundle, top_k
 from nextloc.io.visits import parse_time, validate_visits
 from nextloc.predict.answer_set import answer_set, check_coverage, set_members
 from nextloc.predict.histories import Histories, encode_visits
 from nextloc.preprocessing.sequences import FIRST_PLACE
 from nextloc.routine.novelty import novelty_features_numpy, with_new_place
-from nextloc.serving import ModelBundle, top_k
 
 __all__ = ["example_visits", "predict", "predict_visits", "visits_at_centres"]
 

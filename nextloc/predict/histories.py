@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from nextloc.bundle import ModelBundle
 from nextloc.config import PreprocessConfig
 from nextloc.io.visits import HISTORY_ID
 from nextloc.lists import pad_lists
@@ -41,7 +42,6 @@ from nextloc.preprocessing.locations import merge_runs
 from nextloc.preprocessing.sequences import DAY_NS, FIRST_PLACE, UNSEEN, WallTimes, wall_clock_ns
 from nextloc.preprocessing.staypoints import activity_mask, to_ns
 from nextloc.preprocessing.vocabulary import nearest_locations
-from nextloc.serving import ModelBundle
 
 logger = logging.getLogger(__name__)
 

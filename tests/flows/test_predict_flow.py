@@ -634,8 +634,8 @@ def test_the_in_place_registry_read_answers_as_mlflow_download(store, two_histor
     same answers (places, probabilities, P(new place)) for a known user's week and an unknown user."""
     import mlflow
 
+    from nextloc.bundle import load_bundle
     from nextloc.predict.answer import predict_visits
-    from nextloc.serving import load_bundle
     from tracking import mlflow_runs, versions
     from tracking.registered import load_registered, model_uri
 

@@ -18,8 +18,8 @@ import mlflow
 import pandas as pd
 import pytest
 
+from nextloc.bundle import load_bundle
 from nextloc.predict.answer import predict_visits
-from nextloc.serving import load_bundle
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "registered-markov-v1"
 

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from nextloc.bundle import ModelBundle
 from nextloc.config import PreprocessConfig
 from nextloc.io.visits import validate_visits
 from nextloc.maps.labels import boxes_overlap
@@ -29,7 +30,6 @@ from nextloc.models.scorer import PackedScorer
 from nextloc.predict.answer import predict
 from nextloc.predict.histories import encode_visits, history_visits, sample_histories
 from nextloc.routine.novelty import NewPlaceHead
-from nextloc.serving import ModelBundle
 
 BASE = (39.98, 116.33)  # Beijing
 M_PER_DEG_LAT = EARTH_RADIUS_M * np.pi / 180

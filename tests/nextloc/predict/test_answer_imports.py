@@ -8,7 +8,7 @@ import sys
 
 def test_answering_imports_no_torch_sklearn_or_lightgbm():
     code = (
-        "import sys; import nextloc.predict.answer, nextloc.serving, commands.evaluate, tracking.registered, commands.main; "
+        "import sys; import nextloc.predict.answer, nextloc.bundle, commands.evaluate, tracking.registered, commands.main; "
         "print(sorted(m for m in ('torch', 'sklearn', 'lightgbm', 'scipy') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from nextloc.bundle import ModelBundle, match_radius
 from nextloc.config import PreprocessConfig
 from nextloc.io.visits import validate_visits
 from nextloc.models.packed import PACKED_FEATURES
 from nextloc.predict.histories import encode_visits, sample_histories
 from nextloc.preprocessing.dataset import build_dataset, locate_staypoints
 from nextloc.preprocessing.vocabulary import location_vocabulary, user_vocabulary
-from nextloc.serving import ModelBundle, match_radius
 
 DEPLOYMENT = PreprocessConfig(protocol="deployment")
 

@@ -1,5 +1,5 @@
 """Tests for :mod:`nextloc.predict.answer` (a user's visits or GPS fixes -> named next places) and the model bundle
-of :mod:`nextloc.serving` (weights and config as plain data).
+of :mod:`nextloc.bundle` (weights and config as plain data).
 
 The encoding is checked against preprocessing itself: the GeoLife sample's dataset is built the way
 ``tasks/preprocess.py`` does, every test sample's history is handed back as raw visits (times, centres) and
@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
+from nextloc.bundle import BUNDLE_FILE, WEIGHTS_FILE, ModelBundle, load_bundle, save_bundle
 from nextloc.config import PreprocessConfig
 from nextloc.io.geolife import list_plt_files, read_user
 from nextloc.io.visits import validate_visits
@@ -35,7 +36,6 @@ from nextloc.preprocessing.sequences import UNSEEN
 from nextloc.preprocessing.staypoints import generate_staypoints
 from nextloc.preprocessing.vocabulary import location_vocabulary, user_vocabulary
 from nextloc.routine.novelty import NewPlaceHead
-from nextloc.serving import BUNDLE_FILE, WEIGHTS_FILE, ModelBundle, load_bundle, save_bundle
 
 M_PER_DEG_LAT = 6_371_000.0 * np.pi / 180
 BASE = (39.98, 116.33)  # Beijing

@@ -10,6 +10,7 @@ import pytest
 from causal_build import sample_mismatches
 from pydantic import ValidationError
 
+from nextloc.bundle import DEFAULT_MATCH_RADIUS_M, match_radius
 from nextloc.config import PreprocessConfig, load_config
 from nextloc.preprocessing import sequences
 from nextloc.preprocessing.dataset import build_dataset, locate_staypoints
@@ -17,7 +18,6 @@ from nextloc.preprocessing.deployment import period_splits
 from nextloc.preprocessing.locations import generate_locations
 from nextloc.preprocessing.staypoints import create_activity_flag
 from nextloc.preprocessing.vocabulary import location_centres
-from nextloc.serving import DEFAULT_MATCH_RADIUS_M, match_radius
 
 DEPLOYMENT = PreprocessConfig(protocol="deployment")
 
