@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.serve import WORK_POOL
+from flows.deployments import WORK_POOL
 from nextloc.config import PreprocessConfig, flatten, load_config
 from nextloc.io.inputs import INPUT_FORMATS
 from nextloc.preprocessing.trackintel_export import TRACKINTEL_FORMATS

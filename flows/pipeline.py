@@ -11,7 +11,7 @@ processes, or to the cluster at ``runner.dask_address``, and the trainings after
 tiles there too (same ids).
 
 Each dataset profile is deployed as ``preprocess-train/<name>`` with the parameters :func:`profile_parameters`
-gives it (``flows/serve.py``); a section passed at run time is laid over the profile's key by key (each key
+gives it (``flows/deployments.py``); a section passed at run time is laid over the profile's key by key (each key
 given replaces the profile's, :func:`runtime.sections.over_deployment`): ``training={"models": ["mhsa"]}``
 keeps the profile's model presets, ``preprocess={"locations": {...}}`` the rest of its protocol.
 
@@ -136,7 +136,7 @@ def profile_parameters(
     """The ``preprocess-train`` parameters of a dataset profile, as plain JSON values.
 
     The one resolution path from a profile to a run: ``nextloc run --dataset NAME`` calls it with the
-    command line's choices, ``flows/serve.py`` with none for the deployment ``preprocess-train/NAME``.
+    command line's choices, ``flows/deployments.py`` with none for the deployment ``preprocess-train/NAME``.
 
     Args:
         config: the preprocessing config (default: the profile's own, :meth:`DatasetProfile.config`).

@@ -13,7 +13,7 @@ under ``.services/``:
 * ``mlflow server`` on 127.0.0.1:5000, tracking and registry store ``nextloc_mlflow`` (psycopg), with its
   artifact proxy over ``mlruns/artifacts``: clients use ``http://`` and ``mlflow-artifacts:``, never the
   database;
-* ``python -m flows.serve`` once: the process work pool ``nextloc``, the deployments in it, and the limit
+* ``python -m flows.deployments`` once: the process work pool ``nextloc``, the deployments in it, and the limit
   behind :func:`runtime.locking.registry_lock`;
 * ``nextloc worker`` (:mod:`services.worker`): a worker of the pool in this folder (``--no-worker``: none);
   other machines join with the same command.

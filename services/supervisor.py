@@ -13,7 +13,7 @@ from pathlib import Path
 import services.auth as auth
 import services.tls as tls
 from flows import OFFLINE_DEFAULTS
-from flows.serve import WORK_POOL
+from flows.deployments import WORK_POOL
 from services.layout import MLFLOW_AUTH_DB, MLFLOW_DB, PREFECT_DB, SERVICE_NAMES, Services
 from services.postgres import ensure_databases, start_postgres
 from services.processes import (
@@ -156,10 +156,10 @@ def _run_env(services: Services, base: dict[str, str]) -> dict[str, str]:
 
 
 def _register_deployments(services: Services, base: dict[str, str], timeout_s: float) -> None:
-    """``python -m flows.serve``: the work pool, the registry lock's limit and the deployments, once."""
+    """``python -m flows.deployments``: the work pool, the registry lock's limit and the deployments, once."""
     with open(services.log_file("register"), "ab") as out:
         done = subprocess.run(
-            [sys.executable, "-m", "flows.serve"],
+            [sys.executable, "-m", "flows.deployments"],
             cwd=services.root,
             env=_run_env(services, base),
             stdout=out,

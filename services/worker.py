@@ -5,7 +5,7 @@ Any machine with nextloc installed, its own project folder and its data joins th
     nextloc worker --api https://SERVICES_HOST:4200/api
 
 It runs ``prefect worker start --pool nextloc --type process`` with ``NEXTLOC_PROJECT_DIR`` set to the
-current folder: the deployments' pull step (:data:`flows.serve.PROJECT_DIR_STEP`) starts every flow run
+current folder: the deployments' pull step (:data:`flows.deployments.PROJECT_DIR_STEP`) starts every flow run
 there, so relative paths (``data/raw/geolife``, ``data/geolife``) are this machine's. The flow runs track
 into the MLflow tracking server named by the deployment (``https://`` on a network address, verified
 against the CA handed over with the credentials: :mod:`services.tls`; artifacts through its proxy), so

@@ -225,8 +225,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """A bare Prefect server on a free 127.0.0.1 port with the deployments ``flows/serve.py`` builds applied
-    (no work pool, no run): its UI URL and ``{deployment full name: id}``."""
+    """A bare Prefect server on a free 127.0.0.1 port with the deployments ``flows/deployments.py`` builds
+    applied (no work pool, no run): its UI URL and ``{deployment full name: id}``."""
     root = tmp_path_factory.mktemp("deployed")
     url = f"http://127.0.0.1:{free_ports(1)[0]}"
     env = {**os.environ, **OFFLINE_DEFAULTS, "PREFECT_HOME": str(root / "prefect-home")}
@@ -240,9 +240,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, di
     )
     try:
         _wait_http(f"{url}/api/health", server, root / "prefect-server.log")
-        apply = (
-            "from flows.serve import deployments\nfor d in deployments():\n    print(d.full_name, d.apply())"
-        )
+        apply = "from flows.deployments import deployments\nfor d in deployments():\n    print(d.full_name, d.apply())"
         done = subprocess.run(
             [sys.executable, "-c", apply],
             cwd=REPO,

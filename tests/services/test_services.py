@@ -1,10 +1,10 @@
 """End to end as a team runs it: `nextloc services start`, `prefect deployment run preprocess-train/geolife`.
 
 A real PostgreSQL server (SQLite where its binaries are missing) behind a real Prefect server (temporary
-PREFECT_HOME) and the MLflow UI on free 127.0.0.1 ports, the deployments served by `flows/serve.py`, a run
-triggered with the Prefect CLI on the real GeoLife sample with a short training config, then the MLflow
-store checked through the MLflow server's REST API: parent and child runs, the registered model and its
-`champion` alias. Everything is stopped at the end.
+PREFECT_HOME) and the MLflow UI on free 127.0.0.1 ports, the deployments registered by
+`flows/deployments.py`, a run triggered with the Prefect CLI on the real GeoLife sample with a short training
+config, then the MLflow store checked through the MLflow server's REST API: parent and child runs, the
+registered model and its `champion` alias. Everything is stopped at the end.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_bad_parameter_is_rejected_before_any_work(services):
 def test_a_parameter_name_from_before_the_sections_is_refused(services):
     """``--param promote_metric=...`` (a flat name the flow took before its sections): the Prefect CLI
     refuses it before creating a run, naming it and the parameters there are, the sections among them (a
-    run created another way fails naming its section: tests/flows/test_serve.py)."""
+    run created another way fails naming its section: tests/flows/test_deployments.py)."""
     root, env, _ = services
     run = _deployment_run(root, env, "data_dir=data/old", "promote_metric=val_place_mrr_at_selected")
     assert run.returncode != 0

@@ -1,7 +1,7 @@
 """The deployments, registered in the work pool: ``preprocess-train/<name>`` for every dataset profile, and
 ``retrain/<name>-dumps``.
 
-``python -m flows.serve`` (``make services`` runs it once the Prefect server is up) registers them with the
+``python -m flows.deployments`` (``make services`` runs it once the Prefect server is up) registers them with the
 Prefect API in ``PREFECT_API_URL``, in the process work pool ``nextloc`` (``$NEXTLOC_WORK_POOL``). Their
 flow runs go to whichever worker of the pool is free (``nextloc worker``, :mod:`services.worker`): each runs
 in its worker's project folder (the deployment's pull step changes to ``$NEXTLOC_PROJECT_DIR``, which the
@@ -42,7 +42,7 @@ PROJECT_DIR_STEP = {
 #: What a deployment's flow runs get from the services, on whichever machine they run.
 RUN_ENV = ("NEXTLOC_TRACKING_URI", "NEXTLOC_MLFLOW_UI_URL")
 DEFAULT_PROFILE = "geolife"
-log = logging.getLogger("nextloc.serve")
+log = logging.getLogger("nextloc.deployments")
 
 
 def incoming_dir(name: str) -> str:

@@ -1,4 +1,4 @@
-"""One deployment per dataset profile (:func:`flows.serve.deployments`).
+"""One deployment per dataset profile (:func:`flows.deployments.deployments`).
 
 The deployments are built from the shipped profiles and from a temporary profile folder with a third
 profile, registered with a real (temporary) Prefect API and read back from it; their parameters are the
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from commands import main as cli
-from flows import serve
+from flows.deployments import deployments
 from nextloc.config import PreprocessConfig
 from nextloc.profiles import PROFILE_DIR, PROFILE_DIR_ENV
 
@@ -31,8 +31,8 @@ models:
 """
 
 
-def _by_name(deployments: list) -> dict[str, Any]:
-    return {d.full_name: d for d in deployments}
+def _by_name(built: list) -> dict[str, Any]:
+    return {d.full_name: d for d in built}
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def profile_root(tmp_path: Path) -> Path:
 
 class TestDeployments:
     def test_one_per_shipped_profile(self) -> None:
-        found = _by_name(serve.deployments())
+        found = _by_name(deployments())
         assert set(found) == {"preprocess-train/geolife", "preprocess-train/diy", "retrain/geolife-dumps"}
 
         geolife = found["preprocess-train/geolife"].parameters
@@ -82,7 +82,7 @@ class TestDeployments:
 
     def test_a_third_profile_gets_its_deployments(self, profile_root: Path, monkeypatch) -> None:
         monkeypatch.setenv(PROFILE_DIR_ENV, str(profile_root))
-        found = _by_name(serve.deployments())  # the folder from $NEXTLOC_DATASETS_DIR
+        found = _by_name(deployments())  # the folder from $NEXTLOC_DATASETS_DIR
         assert set(found) == {
             "preprocess-train/geolife",
             "preprocess-train/diy",
@@ -104,16 +104,16 @@ class TestDeployments:
 
     def test_an_empty_or_bad_profile_folder_is_named(self, tmp_path: Path) -> None:
         with pytest.raises(FileNotFoundError, match=str(tmp_path)):
-            serve.deployments(tmp_path)
+            deployments(tmp_path)
         (tmp_path / "bad.yaml").write_text("preprocess:\n  locations:\n    epsilon: 5\n")
         with pytest.raises(ValueError, match="epsilon"):
-            serve.deployments(tmp_path)
+            deployments(tmp_path)
 
     def test_same_parameters_as_nextloc_run(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """``nextloc run --dataset diy`` passes the flow exactly the deployment's parameters (one path)."""
         import flows.pipeline
 
-        deployed = _by_name(serve.deployments())["preprocess-train/diy"].parameters
+        deployed = _by_name(deployments())["preprocess-train/diy"].parameters
         calls: dict[str, Any] = {}
 
         def stub(**kwargs: Any) -> None:
@@ -146,7 +146,7 @@ class TestRegistered:
 
         from flows.pipeline import preprocess_train
 
-        built = serve.deployments(profile_root)
+        built = deployments(profile_root)
         for deployment in built:
             deployment.apply()
         with get_client(sync_client=True) as client:
@@ -174,7 +174,7 @@ class TestRegistered:
 
         from flows.pipeline import preprocess_train
 
-        (deployment,) = [d for d in serve.deployments() if d.full_name == "preprocess-train/diy"]
+        (deployment,) = [d for d in deployments() if d.full_name == "preprocess-train/diy"]
         deployment_id = deployment.apply()
         given = {"training": {"models": ["markov"]}, "preprocess": {"locations": {"min_samples": 3}}}
         with get_client(sync_client=True) as client:
@@ -208,7 +208,7 @@ class TestRegistered:
 
         from flows.pipeline import preprocess_train
 
-        (deployment,) = [d for d in serve.deployments() if d.full_name == "preprocess-train/geolife"]
+        (deployment,) = [d for d in deployments() if d.full_name == "preprocess-train/geolife"]
         deployment_id = deployment.apply()
         data_dir = tmp_path / "data"
         given = {"data_dir": str(data_dir), "promote_metric": "val_place_mrr_at_selected"}
