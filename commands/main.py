@@ -207,7 +207,7 @@ def _runner(args: argparse.Namespace) -> Any:
 
 def _tracking(args: argparse.Namespace) -> Any:
     """The ``tracking`` section from the command line."""
-    from tracking.store import Tracking
+    from tracking.settings import Tracking
 
     return Tracking(tracking_uri=args.tracking_uri, experiment=args.experiment)
 
@@ -286,7 +286,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_ui(args: argparse.Namespace) -> int:
     from services.ui import ensure_ui, stop_ui
     from tracking import mlflow_runs
-    from tracking.store import default_tracking_uri, tracking_server
+    from tracking.settings import default_tracking_uri, tracking_server
 
     if args.stop:
         log.info("stopped: %s", ", ".join(stop_ui(Path.cwd())) or "no UI was running")

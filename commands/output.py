@@ -98,7 +98,7 @@ def print_comparison(tracking_uri: str | None, experiment: str) -> None:
     from services.layout import HOST
     from services.ui import DEFAULT_PORT
     from tracking import mlflow_runs
-    from tracking.store import default_tracking_uri, tracking_server
+    from tracking.settings import default_tracking_uri, tracking_server
 
     uri = tracking_uri or default_tracking_uri()
     experiment_id = mlflow_runs.experiment_id(uri, experiment)

@@ -42,7 +42,7 @@ from runtime.sections import moved, sectioned_flow
 from tasks.pipeline import publish_summary, resolve_raw_dir
 from tasks.promotion import PromotionRule
 from tasks.train import TrainRun
-from tracking.store import Tracking
+from tracking.settings import Tracking
 
 #: The flat parameters of ``preprocess-train`` before its sections, and where each went.
 RENAMED = {
@@ -81,7 +81,7 @@ def preprocess_train(
     preprocess='{"locations": {"epsilon_m": 50}}'``), ``training`` (:class:`tasks.train.TrainRun`: models,
     seeds, per-kind ``model_overrides`` / ``train_overrides`` such as ``{"mhsa": {"max_epochs": 2}}``,
     device, workers), ``promotion`` (:class:`tasks.promotion.PromotionRule`), ``runner``
-    (:class:`runtime.runners.Runner`) and ``tracking`` (:class:`tracking.store.Tracking`). A flat name from
+    (:class:`runtime.runners.Runner`) and ``tracking`` (:class:`tracking.settings.Tracking`). A flat name from
     before the sections is refused naming its section (:mod:`runtime.sections`).
     """
     resolve_overrides(training.model_overrides, training.train_overrides)  # before any work

@@ -22,7 +22,7 @@ from runtime.sections import moved, sectioned_flow
 from tasks.dumps import DumpIntake, merge_new_dumps
 from tasks.promotion import PromotionRule
 from tasks.train import TrainRun
-from tracking.store import Tracking
+from tracking.settings import Tracking
 
 #: The flat parameters of ``retrain`` before its sections, and where each went.
 RENAMED = {

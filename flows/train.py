@@ -24,7 +24,7 @@ from tasks.promotion import PromotionRule, champion_challenger
 from tasks.train import DEFAULT_MODELS, DataRef, TrackingConfig, TrainRun, train_model_task
 from tracking import mlflow_runs
 from tracking.plots import log_comparison
-from tracking.store import Tracking, default_tracking_uri
+from tracking.settings import Tracking, default_tracking_uri
 from tracking.versions import champion_versions
 
 __all__ = ["DEFAULT_MODELS", "dataset_ref", "train"]

@@ -21,7 +21,7 @@ from nextloc.raw.duplicates import describe_pairs
 from nextloc.raw.rawdata import DEFAULT_RAW_DIR, SHARED_ARCHIVE, locate_raw_data
 from runtime.catalog import Catalog
 from tracking import mlflow_runs
-from tracking.store import tracking_server
+from tracking.settings import tracking_server
 
 
 @task(name="locate-raw-data")

@@ -1,6 +1,6 @@
 """MLflow: where runs, metrics, models and the champion are kept, and reading them back.
 
-- :mod:`tracking.store`: where the tracking store is, and the flows' ``tracking`` section (no MLflow import).
+- :mod:`tracking.settings`: where the tracking store is, and the flows' ``tracking`` section (no MLflow import).
 - :mod:`tracking.access`: the credentials a client sends to the Prefect API and the tracking server.
 - :mod:`tracking.mlflow_runs`: the tracking URI, experiment, runs, their metrics and artifacts.
 - :mod:`tracking.versions`: the model registry: versions, their bundles, the ``champion`` alias.

@@ -22,7 +22,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tracking.store import tracking_server
+from tracking.settings import tracking_server
 
 PREFECT_AUTH = "PREFECT_API_AUTH_STRING"
 MLFLOW_USERNAME = "MLFLOW_TRACKING_USERNAME"

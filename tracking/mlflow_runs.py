@@ -25,7 +25,7 @@ import pandas as pd
 from nextloc.evaluation.leaderboard import build_leaderboard, champions, decision_text, description_markdown
 from nextloc.evaluation.metrics import HEADLINE
 from runtime.locking import registry_lock
-from tracking.store import DEFAULT_EXPERIMENT, REGISTERED_PREFIX, default_tracking_uri, redact
+from tracking.settings import DEFAULT_EXPERIMENT, REGISTERED_PREFIX, default_tracking_uri, redact
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from nextloc.predict.histories import encode_visits, history_visits
 from nextloc.routine.data import RoutineData, read_located
 from runtime.catalog import Catalog
 from tracking import versions
-from tracking.store import REGISTERED_PREFIX, default_tracking_uri
+from tracking.settings import REGISTERED_PREFIX, default_tracking_uri
 
 if TYPE_CHECKING:
     from nextloc.evaluation.evaluate import ScoreFn

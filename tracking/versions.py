@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from nextloc.evaluation.metrics import HEADLINE
-from tracking.store import REGISTERED_PREFIX, redact
+from tracking.settings import REGISTERED_PREFIX, redact
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -43,7 +43,7 @@ def test_the_sections_are_frozen_and_refuse_unknown_keys() -> None:
     from tasks.dumps import DumpIntake
     from tasks.promotion import PromotionRule
     from tasks.train import TrainRun
-    from tracking.store import Tracking
+    from tracking.settings import Tracking
 
     for section in (PreprocessConfig, TrainRun, PromotionRule, Runner, Tracking, DumpIntake):
         assert issubclass(section, BaseModel)
