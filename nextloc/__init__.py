@@ -15,7 +15,7 @@ Stages, in the pipeline's order (each folder's ``__init__`` is its map):
 Shared basics stay at the top: :mod:`~nextloc.config` (the typed preprocessing config),
 :mod:`~nextloc.bundle` (the registered models' bundle format), :mod:`~nextloc.storage` and
 :mod:`~nextloc.atomic` (deterministic, atomic writes), :mod:`~nextloc.fingerprint` (content hashes),
-:mod:`~nextloc.locks` (file locks), :mod:`~nextloc.lists` (padded list columns), :mod:`~nextloc.profiles`
+:mod:`~nextloc.file_lock` (file locks), :mod:`~nextloc.lists` (padded list columns), :mod:`~nextloc.profiles`
 (dataset profiles) and :mod:`~nextloc.synth` (seeded synthetic data). The library never imports Prefect or
 MLflow.
 """

@@ -1,6 +1,6 @@
 """One writer per data directory: runs that share a ``data_dir`` take turns instead of interleaving writes.
 
-``data_dir_lock(data_dir)`` holds :func:`nextloc.locks.exclusive_lock` on ``<data_dir>/.nextloc.lock``
+``data_dir_lock(data_dir)`` holds :func:`nextloc.file_lock.exclusive_lock` on ``<data_dir>/.nextloc.lock``
 for the whole of a run. A second run on the same directory waits (logging who holds it: the holder writes
 its pid and start time into the lock file) and then finds everything its predecessor wrote in the cache.
 The operating system drops the lock when the holder dies, SIGKILL included, so a crash never leaves a
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nextloc.atomic import remove_stale_temp_files
-from nextloc.locks import HeldLock, LockBusy, exclusive_lock
+from nextloc.file_lock import HeldLock, LockBusy, exclusive_lock
 
 logger = logging.getLogger("nextloc.lock")
 
@@ -83,7 +83,7 @@ def data_dir_lock(
 
 @contextlib.contextmanager
 def _locked(path: Path, timeout_s: float | None, poll_s: float) -> Iterator[HeldLock]:
-    """:func:`nextloc.locks.exclusive_lock` saying who holds ``path`` while waiting and on a timeout."""
+    """:func:`nextloc.file_lock.exclusive_lock` saying who holds ``path`` while waiting and on a timeout."""
 
     def announce() -> None:
         logger.warning("%s is held by another run (%s); waiting for it to finish", path, _holder(path))

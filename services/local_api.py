@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from nextloc.atomic import write_text_atomic
-from nextloc.locks import exclusive_lock
+from nextloc.file_lock import exclusive_lock
 from services.api_watch import watch_open_requests
 from services.processes import terminate
 

@@ -9,7 +9,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from nextloc.locks import exclusive_lock
+from nextloc.file_lock import exclusive_lock
 from nextloc.raw.archives import extract, find_folder_holding, is_zip
 from nextloc.raw.download import extract_geolife, fetch_geolife
 
@@ -78,7 +78,7 @@ def extract_archive(archive: Path, out_dir: Path) -> Path:
 
     Unpacking is :func:`nextloc.raw.archives.extract`'s (the multi-threaded ``xz`` program when present: about
     8 s for the full data on 2 cores). Processes that unpack into the same ``out_dir`` take turns
-    (:func:`nextloc.locks.exclusive_lock` on ``.<out_dir name>.unpack.lock`` beside it): one that waited
+    (:func:`nextloc.file_lock.exclusive_lock` on ``.<out_dir name>.unpack.lock`` beside it): one that waited
     finds the data its predecessor unpacked and returns it, so ``make run`` can unpack while it installs
     and the command then uses that.
     """

@@ -177,7 +177,7 @@ def test_the_make_run_prefetch_needs_only_the_standard_library():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     code = (
         "import sys\n"
-        "import nextloc.raw.rawdata, nextloc.raw.download, nextloc.raw.archives, nextloc.locks, nextloc.atomic\n"
+        "import nextloc.raw.rawdata, nextloc.raw.download, nextloc.raw.archives, nextloc.file_lock, nextloc.atomic\n"
         "assert not {'numpy', 'pandas', 'pyarrow', 'xxhash'} & set(sys.modules), sorted(sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True)
