@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nextloc.models import registry
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.training import fit_kind
 from runtime.catalog import Catalog
 
-KINDS = ("ranker", "routine", "ranker_refit")
+KINDS = registry.kinds("routine")
 PARTS = ("val", "test", "past_places")
 
 

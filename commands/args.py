@@ -18,6 +18,7 @@ from typing import Any
 from flows.deployments import WORK_POOL
 from nextloc.config import PreprocessConfig, flatten, load_config
 from nextloc.io.inputs import INPUT_FORMATS
+from nextloc.models.registry import DEFAULT_KINDS, KINDS
 from nextloc.preprocessing.trackintel_export import TRACKINTEL_FORMATS
 from nextloc.raw.rawdata import DEFAULT_RAW_DIR
 from nextloc.synth import SYNTH_FORMATS
@@ -379,11 +380,8 @@ def check_raw_dir(raw_dir: str | None) -> None:
 def _add_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
-        default="markov,mhsa,pointer_plus,ranker",
-        help="comma list of: ranker (LambdaRank over the user's routine: the best), ranker_refit (its trees refit "
-        "on train + val, its own row), routine (a rule over it), "
-        "mhsa, mhsa_diagonal (ablation), pointer (reference V45), pointer_plus (nextloc), "
-        "pointer_plus_ensemble (5 seeds averaged), lstm, markov, most_frequent, last_location",
+        default=",".join(DEFAULT_KINDS),
+        help="comma list of: " + "; ".join(f"{kind.name}: {kind.description}" for kind in KINDS.values()),
     )
     parser.add_argument("--seeds", default="0", help="comma list, e.g. 0,1,2,3,4")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from nextloc.training.fit_kind import FittedKind
 
 ModelKind = Literal[registry.kinds()]  # type: ignore[valid-type]  (validated by pydantic at the flow boundary)
-DEFAULT_MODELS = ["markov", "mhsa", "pointer_plus", "ranker"]
+DEFAULT_MODELS = list(registry.DEFAULT_KINDS)
 Seed = Annotated[int, Field(ge=0)]
 
 

@@ -235,6 +235,9 @@ _ENTRIES = (
 
 KINDS: Mapping[str, Kind] = MappingProxyType({entry.name: entry for entry in _ENTRIES})
 
+#: What is trained when no kinds are named (``make run``, ``nextloc run`` and ``train``, the flows), in order.
+DEFAULT_KINDS: tuple[str, ...] = ("markov", "mhsa", "pointer_plus", "ranker")
+
 #: Kinds that existed and were removed, and why: naming one (``--model``, a registered bundle) says so.
 REMOVED_KINDS: Mapping[str, str] = MappingProxyType(
     {

@@ -31,6 +31,7 @@ from nextloc.models.batch import SampleTensors
 from nextloc.models.registry import training_recipe
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.routine.data import MIN_PAST_VISITS, RoutineData, read_located, read_staypoints
+from nextloc.routine.ranking import RoutineRanker
 from nextloc.training.train import fit_model, fit_seed_ensemble, resolve_device
 
 # the metrics the head's reading changes: the DBSCAN effect's row (Scorers.past_places_explore)
@@ -282,7 +283,7 @@ def _fit_routine(kind, seed, splits, vocab, meta, files: tuple[Path, Path, Path 
     val_scores = routine_scores(data, selection, "val", selection_val)
     test_scores = routine_scores(data, model, "test", model.scores(data.candidates["test"]))
     params = {f"{kind}.weight.{k}": v for k, v in getattr(model, "weights", {}).items()}
-    if kind in ("ranker", "ranker_refit"):
+    if isinstance(model, RoutineRanker):  # its trees (the rule has weights)
         params.update({f"{kind}.seed": seed, f"{kind}.trees": model.best_iteration})
     scorers = Scorers(
         val_scores=val_scores,

@@ -596,6 +596,7 @@ def test_the_registry_declares_every_kind_once_and_the_views_derive_from_it():
     with pytest.raises(ValueError, match=r"unknown model kind 'transformer'; expected one of \['mhsa'"):
         registry.kind("transformer")
     assert not set(registry.REMOVED_KINDS) & set(registry.KINDS)  # a removed kind is no kind
+    assert set(registry.DEFAULT_KINDS) <= set(registry.KINDS)
     with pytest.raises(ValueError, match="not a network"):
         build_model("markov", V, U)
     with pytest.raises(TypeError):
