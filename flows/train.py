@@ -13,11 +13,10 @@ from nextloc.evaluation.metrics import HEADLINE
 from nextloc.fingerprint import hash_file
 from nextloc.preprocessing.sequences import SPLITS
 from nextloc.training.overrides import resolve_overrides
-from runtime.caching import Artifact, current_result
+from runtime.caching import Artifact
 from runtime.catalog import Catalog, require_preprocessed
 from runtime.locking import data_dir_lock
-from runtime.progress import track
-from runtime.reruns import Settled, read_settled, settled_key, write_settled
+from runtime.reuse import Decisions, Settled, Trainings
 from runtime.runners import training_runner
 from runtime.sections import moved, sectioned_flow
 from tasks.promotion import PromotionRule, champion_challenger
@@ -55,7 +54,7 @@ def train(
 
     One MLflow parent run per flow run, one child run per model and seed; a rerun with nothing new (every
     training cached, every champion where its decision left it) adds none and names the parent run that
-    holds its results (:mod:`runtime.reruns`). Each kind's champion is decided by
+    holds its results (:class:`runtime.reuse.Trainings`). Each kind's champion is decided by
     the one champion rule (:mod:`tasks.promotion`), unless ``promote=False``. Each (model, seed) task is
     cached on the samples' content fingerprint, its configuration and the code. Trainings run in worker
     processes (``with_options(task_runner=training_runner(n))`` runs ``n`` at once;
@@ -65,55 +64,65 @@ def train(
     checked before any work. ``training.workers`` is for the caller's runner
     (:meth:`runtime.runners.Runner.trainings`); ``tracking.mlflow_ui_url`` is for the pipeline's summary.
     """
-    per_kind_model, per_kind_train = resolve_overrides(training.model_overrides, training.train_overrides)
-    models = list(training.models) or DEFAULT_MODELS
-    seeds, device, rule = list(training.seeds), training.device, promotion
+    overrides = resolve_overrides(training.model_overrides, training.train_overrides)  # before any work
+    models, seeds = list(training.models) or DEFAULT_MODELS, list(training.seeds)
     with data_dir_lock(data_dir):  # one writer per data directory
         data = dataset_ref(data_dir)
         tracking_cfg = TrackingConfig(tracking.tracking_uri, tracking.experiment)
-        calls = [
-            {
-                "kind": kind,
-                "seed": seed,
-                "data": data,
-                "model_overrides": per_kind_model.get(kind, {}),
-                "train_overrides": per_kind_train.get(kind, {}),
-                "tracking_cfg": tracking_cfg,
-                "parent_run_id": None,  # not in the cache key; set once a parent run is needed
-                "device": device,
-            }
-            for kind in models
-            for seed in seeds
-        ]
-        catalog = Catalog(data.data_dir)
-        task = train_model_task.with_options(result_storage=catalog.cache)
-        cached = [current_result(task, call, catalog.cache) for call in calls]
+        calls = _training_calls(models, seeds, data, overrides, training.device, tracking_cfg)
+        trainings = Trainings.look_up(train_model_task, calls, Catalog(data.data_dir))
         decided = list(dict.fromkeys(models)) if promote else []  # the kinds whose champion is decided
-        settled = (
-            _settled(catalog, cached, rule, decided, tracking_cfg) if all(h for h, _ in cached) else None
-        )
-        if settled is not None:
-            results = [value for _, value in cached]
+        uri = tracking.tracking_uri or default_tracking_uri()
+        decisions = Decisions(promotion, decided, uri, tracking.experiment, champion_versions)
+        settled = trainings.settled(decisions)
+        if settled is not None:  # nothing new: the results are on the parent run that recorded them
+            results = trainings.cached_results()
             outcome = {
                 "parent_run_id": settled.parent_run_id,
                 "promotion": settled.promotion,
                 "settled": True,
+                "experiment_id": settled.experiment_id,
             }
-            outcome["experiment_id"] = settled.experiment_id
         else:
             outcome, results = _record_and_decide(
-                task, calls, cached, rule, decided, data, tracking_cfg, models, seeds
+                trainings, promotion, decided, data, tracking_cfg, models, seeds
             )
-            _remember(catalog, results, rule, decided, tracking_cfg, outcome)
+            settled = Settled(outcome["parent_run_id"], outcome["experiment_id"], outcome["promotion"])
+            trainings.remember(results, decisions, settled)
         board = leaderboard([(r["kind"], r["results"]) for r in results])
         _log_outcome(board, outcome)
         return {**outcome, "leaderboard": board, "runs": results, "data": data}
 
 
+def _training_calls(
+    models: list[str],
+    seeds: list[int],
+    data: DataRef,
+    overrides: tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]],
+    device: str,
+    tracking_cfg: TrackingConfig,
+) -> list[dict[str, Any]]:
+    """The training task's parameters for each model x seed, in that order (``overrides``: the per-kind model
+    and training overrides, :func:`nextloc.training.overrides.resolve_overrides`)."""
+    per_kind_model, per_kind_train = overrides
+    return [
+        {
+            "kind": kind,
+            "seed": seed,
+            "data": data,
+            "model_overrides": per_kind_model.get(kind, {}),
+            "train_overrides": per_kind_train.get(kind, {}),
+            "tracking_cfg": tracking_cfg,
+            "parent_run_id": None,  # not in the cache key; set once a parent run is needed
+            "device": device,
+        }
+        for kind in models
+        for seed in seeds
+    ]
+
+
 def _record_and_decide(
-    task: Any,
-    calls: list[dict[str, Any]],
-    cached: list[tuple[bool, Any]],
+    trainings: Trainings,
     rule: PromotionRule,
     decided: list[str],
     data: DataRef,
@@ -128,8 +137,7 @@ def _record_and_decide(
     parent_params = {"models": ",".join(models), "seeds": ",".join(map(str, seeds))}
     name = mlflow_runs.parent_run_name(datetime.now(UTC), models)
     with mlflow_runs.parent_run(experiment_id, name, parent_tags, parent_params) as parent_id:
-        calls = [{**call, "parent_run_id": parent_id} for call in calls]
-        results = _run_trainings(task, calls, cached)
+        results = trainings.run(parent_run_id=parent_id)
         board = leaderboard([(r["kind"], r["results"]) for r in results])
         decisions = {
             kind: champion_challenger(kind, results, data, rule, tracking_cfg, parent_id) for kind in decided
@@ -138,45 +146,6 @@ def _record_and_decide(
         log_comparison(parent_id, board)
     outcome = {"parent_run_id": parent_id, "promotion": decisions, "experiment_id": experiment_id}
     return {**outcome, "settled": False}, results
-
-
-def _settled(
-    catalog: Catalog,
-    cached: list[tuple[bool, Any]],
-    rule: PromotionRule,
-    decided: list[str],
-    tracking_cfg: TrackingConfig,
-) -> Settled | None:
-    """The record of the run that recorded these cached trainings and decided on them, if every champion is
-    still where it left it (:mod:`runtime.reruns`)."""
-    results = [value for _, value in cached]
-    return read_settled(catalog, _rerun_key(catalog, results, rule, decided, tracking_cfg))
-
-
-def _remember(
-    catalog: Catalog,
-    results: list[dict[str, Any]],
-    rule: PromotionRule,
-    decided: list[str],
-    tracking_cfg: TrackingConfig,
-    outcome: dict[str, Any],
-) -> None:
-    """Record where these results and decisions are, keyed on the champions as the decisions left them."""
-    settled = Settled(outcome["parent_run_id"], outcome["experiment_id"], outcome["promotion"])
-    write_settled(catalog, _rerun_key(catalog, results, rule, decided, tracking_cfg), settled)
-
-
-def _rerun_key(
-    catalog: Catalog,
-    results: list[dict[str, Any]],
-    rule: PromotionRule,
-    decided: list[str],
-    tracking_cfg: TrackingConfig,
-) -> str:
-    """:func:`runtime.reruns.settled_key` with the champions of the ``decided`` kinds as they are now."""
-    uri, experiment = tracking_cfg.tracking_uri or default_tracking_uri(), tracking_cfg.experiment
-    champions = champion_versions(decided, uri, experiment)
-    return settled_key(catalog, results, champions, rule, decided, uri, experiment)
 
 
 def _log_outcome(board: dict[str, Any], outcome: dict[str, Any]) -> None:
@@ -192,21 +161,6 @@ def _log_outcome(board: dict[str, Any], outcome: dict[str, Any]) -> None:
         HEADLINE,
         {k: round(v[HEADLINE]["mean"], 2) for k, v in board.items()},
     )
-
-
-def _run_trainings(
-    task: Any, calls: list[dict[str, Any]], cached: list[tuple[bool, Any]]
-) -> list[dict[str, Any]]:
-    """Each call's result, in order: a cached one as read back (no worker process starts for it), the others
-    trained on the flow's task runner."""
-    futures = {
-        i: task.submit(**call)
-        for i, (call, (hit, _)) in enumerate(zip(calls, cached, strict=True))
-        if not hit
-    }
-    done = dict(zip(futures, track(list(futures.values()), f"training ({len(futures)} runs)"), strict=True))
-    get_run_logger().info("trainings: %d cached, %d run", len(calls) - len(futures), len(futures))
-    return [done.get(i, value) for i, (_, value) in enumerate(cached)]
 
 
 def _prefect_tags() -> dict[str, str]:

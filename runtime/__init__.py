@@ -2,6 +2,7 @@
 
 - :mod:`runtime.catalog`: where each dataset lives under a data directory.
 - :mod:`runtime.caching`: the tasks' cache keys (content, config, library code) and reading a cached result.
+- :mod:`runtime.reuse`: what the flows call to reuse cached work: one call, a per-user fan-out, the trainings.
 - :mod:`runtime.reruns`: the record that lets a training rerun with nothing new skip MLflow.
 - :mod:`runtime.runners`: the per-user fan-out on threads or a Dask cluster; trainings in processes (the
   flows' ``runner`` section).

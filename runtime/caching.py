@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import logging
 import os
@@ -375,15 +374,3 @@ def cached_batch(
             value = (value, _cached_call(then.task, {then.name: value, **then.calls[i]}, storage))
         results.append(value)
     return results
-
-
-def call_cached(task: Any, *args: Any) -> Any:
-    """Call ``task`` (its ``result_storage`` set), or return its cached result without a task run.
-
-    The lookup is :func:`current_result`'s: a hit whose files are still the ones written is returned; a
-    miss, or a result whose files changed (the warning names them, the record is removed), runs the task,
-    which caches its result.
-    """
-    parameters = dict(inspect.signature(task.fn).bind(*args).arguments)
-    hit, result = current_result(task, parameters, task.result_storage)
-    return result if hit else task(*args)

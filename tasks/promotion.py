@@ -50,9 +50,10 @@ from nextloc.evaluation.champion import champion_decision
 from nextloc.evaluation.leaderboard import decision_text
 from nextloc.evaluation.metrics import PLACE_KEYS, REFERENCE_KEYS
 from nextloc.preprocessing.vocabulary import translate_samples, user_data_groups
-from runtime.caching import CACHE_POLICY, call_cached
+from runtime.caching import CACHE_POLICY
 from runtime.catalog import Catalog
 from runtime.locking import registry_lock
+from runtime.reuse import call_cached
 from tasks.train import DataRef, TrackingConfig
 from tracking import mlflow_runs
 from tracking.mlflow_runs import selected_name
