@@ -149,7 +149,9 @@ def submit_in_order(runner: Any) -> None:
     (``_resolver_executor``) of ``max_workers`` threads, so runs start in whichever order those threads get
     there. This replaces it (before anything was submitted) with one thread. Outside its Prefect range:
     Prefect's own executor stays (runs may start out of submission order; results are the same). Retired
-    by: an option of ``ProcessPoolTaskRunner`` that keeps submission order (Prefect 3.8 has none).
+    by: an option of ``ProcessPoolTaskRunner`` that keeps submission order (Prefect 3.8.8 has none). Upstream:
+    the resolver pool came with PrefectHQ/prefect#19172 (futures resolved before pickling); no upstream issue
+    found about submission order.
     """
     if not supported("prefect"):
         _fallback("submit_in_order", "prefect")
@@ -170,7 +172,8 @@ def engine_cache_key(task: Any, parameters: dict[str, Any]) -> str | None:
     read), and no flow parameters (no nextloc policy reads them). Outside its Prefect range it raises
     :class:`UnsupportedVersion`: a key that silently differed from the engine's would make every lookup
     miss, or find records the engine never wrote. Retired by: a public function that gives a task call's
-    cache key (Prefect 3.8 computes it only inside the engine).
+    cache key (Prefect 3.8.8 computes it only inside the engine, ``compute_transaction_key``). Upstream: no
+    upstream issue found.
     """
     _require("engine_cache_key", "prefect")
     from types import SimpleNamespace
@@ -191,7 +194,9 @@ def drain_prefect_workers(timeout_s: float) -> None:
     itself; ``drain_all`` of ``APILogWorker`` and ``EventsWorker`` comes from Prefect's private queue
     service base class. A worker that fails to drain is skipped. Outside its Prefect range: nothing is
     drained (the last logs and events of the command may miss the temporary API's database). Retired by:
-    a public flush of Prefect's log and event workers (Prefect 3.8 drains them only at the interpreter's exit).
+    a public flush of Prefect's log and event workers (Prefect 3.8.8's ``APILogHandler.flush`` drains the log
+    worker only, always for 5 s; nothing drains the events worker before the interpreter's exit). Upstream: no
+    upstream issue found.
     """
     if not supported("prefect"):
         _fallback("drain_prefect_workers", "prefect")
@@ -221,8 +226,9 @@ def one_sqlite_connection() -> None:
     ``prefect.server.database.configurations``, when the first session needs it; this wraps that name so
     SQLite engines get a pool of one (``pool_size=1, max_overflow=0``). Call it in the server's process,
     before its app starts. Outside its Prefect range: Prefect's own pool stays (writes contend as above).
-    Retired by: pool settings that reach SQLite's engine (upstream PrefectHQ/prefect#18934, open: only the
-    PostgreSQL configuration reads them).
+    Retired by: pool settings that reach SQLite's engine. Upstream: the pool settings of
+    PrefectHQ/prefect#10348 reach only the PostgreSQL configuration (3.8.8's ``AioSqliteConfiguration.engine``
+    passes none); tuning Prefect's SQLite connections is open as PrefectHQ/prefect#14658.
     """
     if not supported("prefect"):
         _fallback("one_sqlite_connection", "prefect")
