@@ -218,7 +218,7 @@ def one_sqlite_connection() -> None:
     writes while another holds the lock fails at once (``database is locked``: Prefect's 503); any other
     writer waits in SQLite's busy handler, up to Prefect's 60 s ``busy_timeout``, and while it waits the
     server's event loop can stall, so the transaction holding the lock, which needs that loop to commit,
-    never does until the timeout: the minute-long stall of issue 33 (docs/performance.md). With one
+    never does until the timeout: a minute-long stall (docs/performance.md). With one
     connection, sessions take turns in the pool, waiting on the event loop, and SQLite never sees two
     writers.
 

@@ -4,8 +4,8 @@ Where the services listen on an address other than loopback (``$NEXTLOC_SERVICES
 server and the MLflow tracking server speak TLS only, each through its own uvicorn (``--ssl-certfile``,
 ``--ssl-keyfile``): the credentials that every request carries as HTTP basic auth never cross the network
 in clear, and plain ``http://`` on those ports gets no answer at all (the TLS handshake fails, the
-connection closes; no login is ever asked). On 127.0.0.1 they stay plain HTTP, as before, unless the team
-gives its own certificate.
+connection closes; no login is ever asked). On 127.0.0.1 they stay plain HTTP unless the team gives its own
+certificate.
 
 Certificates, in ``.services/tls/`` (:attr:`services.layout.Services.tls_folder`; keys mode 0600):
 

@@ -5,14 +5,11 @@ location not seen in training) are removed from every ranking, so a model can on
 target of 1 is always a miss. They are averaged over *all* samples (``n``), so every model is scored on the
 same denominator and a model cannot gain by predicting "somewhere new".
 
-**Reference metrics** (``acc@k``, ``mrr``, ``ndcg@10``, ``f1``): the published protocol, kept exactly for
-comparison with published work.
-
-The reference (ML ``utils/train.py`` ≡ V2 ``src/evaluation/metrics.py``, protocol §4) scores every class of the
-vocabulary, **including 0 (padding) and 1 (unseen location)**, masks nothing, and micro-averages over samples.
-It sorts all V classes twice per batch and breaks ties arbitrarily (``topk`` and ``argsort`` are separate sorts,
-so a sample can even count as an Acc@1 hit with a rank of 2). This module fixes one deterministic convention
-and computes it without any sort.
+**Reference metrics** (``acc@k``, ``mrr``, ``ndcg@10``, ``f1``): the published protocol (ML ``utils/train.py``
+≡ V2 ``src/evaluation/metrics.py``, protocol §4), for comparison with published work: every class of the
+vocabulary is scored, **0 (padding) and 1 (unseen location) included**, nothing is masked, and samples are
+micro-averaged. Where the reference breaks ties arbitrarily (``topk`` and ``argsort`` are separate sorts), every
+metric here follows from one deterministic rank, computed without a sort.
 
 Rank convention (a stable descending sort over the whole vocabulary)::
 

@@ -8,8 +8,8 @@ every location id. The GeoLife reference configuration (emb 32, hidden 128) has 
 The reference packs the padded batch (``pack_padded_sequence``) and reads ``h_n``. Here the LSTM runs once
 over the whole padded batch (one fused oneDNN/cuDNN call) and the top layer's output is read at each
 sequence's last real step: padding only follows a sequence's real steps, so it never reaches that output,
-and the two give the same states up to float rounding (``tests/nextloc/models/test_models.py``). Kept because the
-packed path is a per-step loop on a CPU, several times slower than the fused call. In training, the
+and the two give the same states up to float rounding (``tests/nextloc/models/test_models.py``). The packed
+path is a per-step loop on a CPU, slower than the fused call (BENCHMARKS.md, Speed). In training, the
 dropout between the layers (inside ``nn.LSTM``) draws for the padded steps too, so its masks differ from
 the packed run's.
 """

@@ -10,7 +10,7 @@ ones), so that distances from and to it are known. The kind's model scores every
 routine, known or not, and :func:`unseen_share` gives the new-place head's input ``unseen_return_share``:
 the share of the calibrated softmax over every place the user visited before now that falls on the unseen
 ones. (Scored in the routine itself, where an unseen current place has a centre, a known candidate's
-distance is known too; why not mixed with the routine's own scores: BENCHMARKS.md, issue 34.)
+distance is known too; why not mixed with the routine's own scores: BENCHMARKS.md.)
 
 A registered model keeps this routine's tally beside the routine's (:func:`join_tallies`), with the
 unseen places it holds and their centres: a request's own unseen places get the ids after them (at most
