@@ -69,18 +69,26 @@ def test_exit_skips_the_teardown_after_the_handlers():
     assert out.stdout == "unflushedhandler ran\n"
 
 
-RUN_S = 0.2  # how long each run takes
+RUN_S = 0.2  # how long each run works
+WAIT_S = 30  # at most this long, a run then waits for every run submitted before it to have started
 
 
 @task
 def started(i: int, log: str) -> int:
-    """Appends ``i`` to the shared start log (one ``O_APPEND`` write: lines never interleave), then works."""
+    """Appends ``i`` to the shared start log (one ``O_APPEND`` write: lines never interleave), works, then
+    waits until every run before ``i`` has started: a worker is free again only then, however late a worker
+    that was handed a run gets to start it (bounded: a run handed out of order ends the wait at ``WAIT_S``)."""
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, f"{i}\n".encode())
     finally:
         os.close(fd)
     time.sleep(RUN_S)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and not set(range(i)) <= {
+        int(n) for n in Path(log).read_text().split()
+    }:
+        time.sleep(0.05)
     return i
 
 
@@ -95,7 +103,8 @@ def test_runs_start_in_the_order_they_were_submitted(tmp_path):
     ``i - 1`` has started (read from the order of the start log, not from clocks).
 
     Two workers take runs first come, first served: run ``i`` goes to a worker that finished a run, which
-    happens only after run ``i - 2`` started; runs ``i - 1`` and ``i`` may start in either order.
+    happens only after run ``i - 2`` started (each run ends once the runs before it started: not a race
+    between a loaded machine's clocks); runs ``i - 1`` and ``i`` may start in either order.
     """
     log = tmp_path / "starts"
     assert six_in_two_workers(str(log)) == list(range(6))
