@@ -30,7 +30,7 @@ FINAL = [
     "vocabulary/users.parquet",
     "metadata.json",
 ]
-# Long enough to kill in the middle (the first epoch's checkpoint marks the point; five epochs remain), no
+# Long enough to kill in the middle (the first epoch's checkpoint marks the point; three epochs remain), no
 # early stop: the rerun resumes from the epoch the kill left and must end on the uninterrupted run's bits.
 LONG_TRAINING = [
     "--model",
@@ -38,7 +38,7 @@ LONG_TRAINING = [
     "--workers",
     "1",
     "--train-set",
-    "max_epochs=6",
+    "max_epochs=4",
     "--train-set",
     "patience=1000",
 ]
