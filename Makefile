@@ -91,11 +91,13 @@ raw-data:  ## unpack a local GeoLife archive into data/raw/geolife, if the job w
 	$(PYTHON) -m nextloc.raw.rawdata
 
 # Two pytest workers (pytest-xdist), a test file each at a time: most tests wait on a server, a subprocess
-# or the disk, so two keep both cores busy. TEST_WORKERS=0 runs the suite in this one process.
+# or the disk, so two keep both cores busy. The files go in collection order with the slow ones first
+# (tests/conftest.py), not xdist's default of the files with most tests first, which left the longest
+# single-test files to the end. TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 2
 test: install  ## lint + the whole test suite (full-data tests run when ../shared has the GeoLife archive)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The numeric tests on other CPU kernels: torch's dispatch at each capability (ATEN_CPU_CAPABILITY), then
 # oneDNN, MKL and NumPy held to AVX2 under the native capability name. Each run holds the recipes to every

@@ -57,6 +57,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``slow`` tests first, each group in collection order: make test's two workers take a file at a
+    time in this order (``--dist loadfile --no-loadscope-reorder``), so the minutes-long files start early
+    and the short ones fill the end, rather than one worker running the longest file alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def require_data(path: Path, what: str) -> Path:
     """Return ``path``; if it is missing, fail in CI (where the data must be) and skip elsewhere."""
     if path.exists():

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.slow]  # whole preprocess runs
 
 OUTPUTS = ["staypoints.parquet", "samples/train.parquet", "samples/val.parquet", "samples/test.parquet"]
 CSV_COLUMNS = {

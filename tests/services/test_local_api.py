@@ -18,6 +18,7 @@ import pytest
 
 from services import local_api
 
+pytestmark = pytest.mark.slow  # real servers started and stopped, minutes in all
 REPO = Path(__file__).resolve().parents[2]
 
 
