@@ -159,14 +159,15 @@ def _experiment_id(mlflow_url: str) -> str:
         return json.loads(response.read())["experiment"]["experiment_id"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     """Headless Debian Chromium through Debian's ChromeDriver, with a fresh profile, its console log kept
-    (``driver.get_log("browser")``); never Selenium Manager."""
+    (``driver.get_log("browser")``); never Selenium Manager. One per test file: a browser left open on a
+    live UI page keeps drawing it (its GPU process took half a core for the rest of a session)."""
     yield from chromium(console=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def network_browser() -> Iterator[object]:
     """:func:`browser` that also keeps every response it got (``driver.get_log("performance")``)."""
     yield from chromium(network=True)
@@ -192,7 +193,7 @@ OFFLINE_FLAGS = (
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def offline_browser() -> Iterator[object]:
     """:func:`browser` cut off from every network (:data:`OFFLINE_FLAGS`), its console log kept."""
     yield from chromium(OFFLINE_FLAGS, console=True)
